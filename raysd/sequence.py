@@ -1,0 +1,95 @@
+"""The state of one sequence being decoded, and its speculation statistics."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from raysd.config import SamplingParams
+
+_ids = itertools.count()
+
+
+def new_seq_id() -> str:
+    return f"seq-{next(_ids)}"
+
+
+@dataclass
+class SequenceStats:
+    """Per-request speculation figures (vLLM's names in the API layer)."""
+
+    rounds: int = 0  # verify steps this sequence took part in
+    spec_rounds: int = 0  # rounds with k ≥ 1
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    last_reason: str = ""
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """Emitted tokens per speculative round (1 + accepted / spec rounds)."""
+        return 1 + self.accepted_tokens / self.spec_rounds if self.spec_rounds else None
+
+
+@dataclass
+class Sequence:
+    """A prompt and what has been generated for it. ``token_ids`` holds prompt + generated tokens."""
+
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    segment: str = "default"
+    seq_id: str = field(default_factory=new_seq_id)
+    token_ids: list[int] = field(default_factory=list)
+    stats: SequenceStats = field(default_factory=SequenceStats)
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    generator: torch.Generator | None = None
+    admitted_at: float | None = None  # perf_counter when it joined the batch
+    finished_at: float | None = None
+
+    def __post_init__(self):
+        if not self.prompt_token_ids:
+            raise ValueError("prompt must encode to at least one token")
+        self.token_ids = list(self.prompt_token_ids)
+        if not self.params.greedy:
+            self.generator = torch.Generator()
+            if self.params.seed is not None:
+                self.generator.manual_seed(self.params.seed)
+            else:
+                self.generator.seed()
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_token_ids):]
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def remaining(self) -> int:
+        return self.params.max_tokens - self.num_generated
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def append(self, new_token_ids: list[int], eos_token_id: int | None) -> list[int]:
+        """Append emitted tokens, stopping at EOS (unless ignore_eos) or max_tokens; returns those kept."""
+        kept = []
+        for token_id in new_token_ids:
+            if self.remaining <= 0:
+                break
+            self.token_ids.append(token_id)
+            kept.append(token_id)
+            if token_id == eos_token_id and not self.params.ignore_eos:
+                self.finish_reason = "stop"
+                return kept
+        if self.remaining <= 0:
+            self.finish_reason = "length"
+        return kept

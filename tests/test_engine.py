@@ -1,0 +1,142 @@
+"""Lossless: speculative greedy output is token-identical to the target alone (or a proven tie)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import VOCAB, assert_greedy_equal_or_tie, reference_greedy
+
+from raysd.config import DrafterConfig, DrafterKind, EngineConfig, PolicyConfig, SamplingParams, SpeculationMode
+from raysd.drafting import ModelDrafter, NgramDrafter
+from raysd.engine import ContextLengthError, SpecEngine
+
+MAX_TOKENS = 24
+
+
+def _prompts(count: int, seed: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 30, (count,), generator=generator).tolist()
+    prompts = [torch.randint(0, VOCAB, (n,), generator=generator).tolist() for n in lengths]
+    # make some prompts repetitive so the n-gram drafter finds matches
+    return [p * 3 if i % 3 == 0 else p for i, p in enumerate(prompts)]
+
+
+@pytest.fixture(scope="module")
+def references(tiny_pair):
+    target, _ = tiny_pair
+    prompts = _prompts(16, seed=11)
+    return prompts, [reference_greedy(target, p, MAX_TOKENS) for p in prompts]
+
+
+def _engine(tiny_pair, drafter_kind: str, policy: PolicyConfig, max_num_seqs: int) -> SpecEngine:
+    target, draft = tiny_pair
+    engine_config = EngineConfig(max_num_seqs=max_num_seqs, max_model_len=256)
+    if drafter_kind == "model":
+        drafter = ModelDrafter(draft, max_num_seqs, engine_config.max_model_len, policy.k_max)
+    else:
+        drafter = NgramDrafter(DrafterConfig(kind=DrafterKind.ngram), VOCAB)
+    return SpecEngine(target, drafter, None, engine_config, policy)
+
+
+@pytest.mark.parametrize("drafter_kind", ["model", "ngram"])
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+@pytest.mark.parametrize("batch_size", [1, 4, 16])
+def test_fixed_k_matches_target_only(tiny_pair, references, drafter_kind, k, batch_size):
+    prompts, refs = references
+    engine = _engine(tiny_pair, drafter_kind, PolicyConfig(mode=SpeculationMode.on, k=k, k_max=8), batch_size)
+    sequences = engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS))
+    for index, (sequence, (expected, logits)) in enumerate(zip(sequences, refs)):
+        assert_greedy_equal_or_tie(sequence.output_token_ids, expected, logits,
+                                   f"{drafter_kind} k={k} batch={batch_size} prompt {index}")
+    totals = engine.aggregator.segments["default"]
+    assert totals.num_draft_tokens > 0  # speculation really ran
+    if drafter_kind == "model":
+        assert 0 < totals.num_accepted_tokens < totals.num_draft_tokens  # accepts and rejects both happened
+
+
+def test_sequences_join_mid_batch_and_adaptive_policy(tiny_pair, references):
+    prompts, refs = references
+    policy = PolicyConfig(mode=SpeculationMode.adaptive, k=3, k_max=8, warmup_rounds=2)
+    engine = _engine(tiny_pair, "model", policy, max_num_seqs=6)
+    sequences = [engine.add(p, SamplingParams(max_tokens=MAX_TOKENS)) for p in prompts[:5]]
+    reasons = set()
+    for _ in range(3):
+        engine.step()
+        reasons.update(engine.last_round.reasons)
+    sequences += [engine.add(p, SamplingParams(max_tokens=MAX_TOKENS)) for p in prompts[5:]]
+    while engine.has_work:
+        engine.step()
+        reasons.update(engine.last_round.reasons)
+    for index, (sequence, (expected, logits)) in enumerate(zip(sequences, refs)):
+        assert_greedy_equal_or_tie(sequence.output_token_ids, expected, logits, f"joined prompt {index}")
+    assert "warmup" in reasons and reasons & {"adaptive", "low_acceptance", "probe"}
+
+
+def test_opt_out_and_speculation_off_draft_nothing(tiny_pair, references):
+    prompts, refs = references
+    engine = _engine(tiny_pair, "model", PolicyConfig(mode=SpeculationMode.on, k=4), max_num_seqs=4)
+    opted_out = engine.add(prompts[0], SamplingParams(max_tokens=MAX_TOKENS, speculation=SpeculationMode.off))
+    speculating = engine.add(prompts[1], SamplingParams(max_tokens=MAX_TOKENS))
+    engine.run_to_completion()
+    assert opted_out.stats.drafted_tokens == 0 and opted_out.stats.last_reason == "opt_out"
+    assert speculating.stats.drafted_tokens > 0
+    assert opted_out.output_token_ids == refs[0][0] and speculating.output_token_ids == refs[1][0]
+
+
+def test_context_limit_is_a_clear_error(tiny_pair):
+    engine = _engine(tiny_pair, "model", PolicyConfig(), max_num_seqs=2)
+    with pytest.raises(ContextLengthError, match="max_model_len"):
+        engine.add([1] * 250, SamplingParams(max_tokens=10))
+
+
+def test_sampling_is_seeded_and_matches_target_distribution(tiny_pair):
+    """Engine-level: first sampled token under speculation follows the target's softmax (χ²)."""
+    from scipy.stats import chisquare
+
+    target, _ = tiny_pair
+    prompt = [5, 9, 33, 2, 71, 40]
+    with torch.no_grad():
+        target_probs = torch.softmax(target(input_ids=torch.tensor([prompt])).logits[0, -1], -1)
+    engine = _engine(tiny_pair, "model", PolicyConfig(mode=SpeculationMode.on, k=1, k_max=1), max_num_seqs=500)
+    samples = 4000
+    sequences = engine.generate([prompt] * samples,
+                                [SamplingParams(max_tokens=2, temperature=1.0, seed=i) for i in range(samples)])
+    first = torch.tensor([s.output_token_ids[0] for s in sequences])
+    totals = engine.aggregator.segments["default"]
+    assert 0 < totals.num_accepted_tokens < totals.num_draft_tokens
+    counts = torch.bincount(first, minlength=VOCAB).double()
+    expected = target_probs.double() * samples
+    keep = expected >= 5
+    observed = torch.cat([counts[keep], counts[~keep].sum(0, keepdim=True)])
+    expected = torch.cat([expected[keep], expected[~keep].sum(0, keepdim=True)])
+    assert chisquare(observed.numpy(), (expected * observed.sum() / expected.sum()).numpy()).pvalue > 0.01
+    again = _engine(tiny_pair, "model", PolicyConfig(mode=SpeculationMode.on, k=1, k_max=1), max_num_seqs=8)
+    repeat = again.generate([prompt] * 8, [SamplingParams(max_tokens=2, temperature=1.0, seed=i) for i in range(8)])
+    assert [s.output_token_ids for s in repeat] == [s.output_token_ids for s in sequences[:8]]
+
+
+PROMPTS_FILE = Path(__file__).resolve().parents[1] / "bench" / "prompts" / "heldout.jsonl"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter_kind", ["model", "ngram"])
+def test_demo_pair_speculation_matches_transformers_greedy(demo_pair, drafter_kind):
+    records = [json.loads(line) for line in PROMPTS_FILE.read_text().splitlines()]
+    chosen = [r for w in ("code", "json", "prose") for r in [x for x in records if x["workload"] == w][:2]]
+    tokenizer, target = demo_pair.tokenizer, demo_pair.target
+    prompts = [tokenizer.encode(r["prompt"]) for r in chosen]
+    engine_config = EngineConfig(max_num_seqs=4, max_model_len=512)
+    policy = PolicyConfig(mode=SpeculationMode.adaptive, k=4, warmup_rounds=3)
+    drafter = ModelDrafter(demo_pair.draft, 4, 512) if drafter_kind == "model" else \
+        NgramDrafter(DrafterConfig(kind=DrafterKind.ngram), len(tokenizer))
+    engine = SpecEngine(target, drafter, tokenizer.eos_token_id, engine_config, policy)
+    sequences = engine.generate(prompts, SamplingParams(max_tokens=40, ignore_eos=True))
+    for index, (prompt, sequence) in enumerate(zip(prompts, sequences)):
+        with torch.no_grad():
+            out = target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=40, min_new_tokens=40,
+                                  output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+        expected = out.sequences[0, len(prompt):].tolist()
+        assert_greedy_equal_or_tie(sequence.output_token_ids, expected, [lg[0] for lg in out.logits],
+                                   f"demo {drafter_kind} prompt {index}")
+    assert engine.aggregator.segments["default"].num_accepted_tokens > 0
