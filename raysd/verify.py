@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
+from raysd import kernels
 from raysd.drafting import DraftProposal, sampling_tensors
 from raysd.kv_cache import RaggedKVCache, RowTable, ragged_forward
-from raysd.sampling import greedy_accept, processed_probs, rejection_sample
+from raysd.sampling import processed_probs
 from raysd.sequence import Sequence
 
 
@@ -68,7 +69,7 @@ class TargetVerifier:
         logits = self.logits_for(sequences, proposal)  # [num_seqs, max_k + 1, vocab]
         failed = ~torch.isfinite(logits).all(dim=2).all(dim=1)
         logits = torch.nan_to_num(logits, nan=0.0, posinf=0.0, neginf=0.0)
-        num_accepted, bonus = greedy_accept(proposal.token_ids, logits.argmax(dim=-1), proposal.num_draft)
+        num_accepted, bonus = kernels.greedy_accept_logits(logits, proposal.token_ids, proposal.num_draft)
         sampled = [i for i, s in enumerate(sequences) if not s.params.greedy]
         if sampled:
             index = torch.tensor(sampled)
@@ -84,7 +85,7 @@ class TargetVerifier:
                 uniform[row, :drafted], recovery[row] = draws[:drafted], draws[drafted]
             draft_probs = proposal.draft_probs[index] if proposal.draft_probs is not None else \
                 torch.zeros(len(sampled), max_k, logits.shape[-1])
-            sampled_accepted, sampled_bonus = rejection_sample(
+            sampled_accepted, sampled_bonus = kernels.rejection_sample(
                 proposal.token_ids[index], draft_probs, target_probs, proposal.num_draft[index],
                 uniform[:, :max_k], recovery)
             num_accepted[index], bonus[index] = sampled_accepted, sampled_bonus

@@ -19,8 +19,8 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c "$ROOT/constraints.txt" \
     "torch==2.13.0" 2>&1 | grep -v "^WARNING: Location" >&2 || true
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c "$ROOT/constraints.txt" \
-    -e "$ROOT[dev]" 2>&1 | grep -v "^WARNING: Location" >&2 || true
-  "$VENV/bin/python" -c "import raysd, torch, transformers, ray, deepspeed, pytest" \
+    -e "$ROOT[dev,kernels]" 2>&1 | grep -v "^WARNING: Location" >&2 || true
+  "$VENV/bin/python" -c "import raysd, raysd.kernels, torch, transformers, ray, deepspeed, pytest, triton" \
     || { echo "raysd: installation failed (see messages above)" >&2; exit 1; }
   echo "$want" > "$STAMP"
 fi

@@ -8,6 +8,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+if not torch.cuda.is_available():  # Triton kernels run in its interpreter on CPU (see tests/test_kernels.py)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 torch.set_num_threads(int(os.environ.get("RAYSD_TEST_THREADS", "2")))
 
 from raysd.models import DEMO_DRAFT, DEMO_TARGET  # noqa: E402
