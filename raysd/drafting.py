@@ -108,14 +108,15 @@ class ModelDrafter:
         temperature, top_k, top_p = sampling_tensors(sequences)
         token_ids = torch.zeros(len(sequences), max_k, dtype=torch.long)
         draft_probs = torch.zeros(len(sequences), max_k, logits.shape[-1]) if any_sampled else None
+        generators = {i: s.round_generator("draft") for i, s in enumerate(sequences) if not greedy[i]}
         for step in range(max_k):
             chosen = next_logits.argmax(dim=-1)
             if any_sampled:
                 probs = processed_probs(next_logits[:, None], temperature, top_k, top_p)[:, 0]
                 draft_probs[:, step] = probs
-                for i, sequence in enumerate(sequences):
-                    if not greedy[i] and step < ks[i]:  # draw exactly k per sequence: batch-independent
-                        chosen[i] = torch.multinomial(probs[i], 1, generator=sequence.generator)[0]
+                for i in generators:
+                    if step < ks[i]:  # draw exactly k per sequence: batch-independent
+                        chosen[i] = torch.multinomial(probs[i], 1, generator=generators[i])[0]
             token_ids[:, step] = chosen
             if step + 1 == max_k:
                 break

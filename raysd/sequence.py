@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import secrets
 from dataclasses import dataclass, field
 
 import torch
@@ -48,7 +49,7 @@ class Sequence:
     token_ids: list[int] = field(default_factory=list)
     stats: SequenceStats = field(default_factory=SequenceStats)
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
-    generator: torch.Generator | None = None
+    base_seed: int = 0  # sampling randomness derives from (base_seed, round, purpose); see round_generator
     admitted_at: float | None = None  # perf_counter when it joined the batch
     finished_at: float | None = None
 
@@ -56,12 +57,17 @@ class Sequence:
         if not self.prompt_token_ids:
             raise ValueError("prompt must encode to at least one token")
         self.token_ids = list(self.prompt_token_ids)
-        if not self.params.greedy:
-            self.generator = torch.Generator()
-            if self.params.seed is not None:
-                self.generator.manual_seed(self.params.seed)
-            else:
-                self.generator.seed()
+        self.base_seed = self.params.seed if self.params.seed is not None else secrets.randbits(62)
+
+    def round_generator(self, purpose: str) -> torch.Generator:
+        """A generator for this sequence's current round and ``purpose`` ("draft" / "verify").
+
+        Counter-based: the stream depends only on (seed, round, purpose), never on the batch, the process
+        or the order of calls — so drafter and verifier may live in different processes.
+        """
+        offset = {"draft": 1, "verify": 2}[purpose]
+        return torch.Generator().manual_seed((self.base_seed * 1_000_003 + self.stats.rounds * 4 + offset)
+                                             % (2**63 - 1))
 
     @property
     def output_token_ids(self) -> list[int]:

@@ -81,7 +81,7 @@ class TargetVerifier:
             uniform = torch.zeros(len(sampled), max_k + 1)
             recovery = torch.zeros(len(sampled))
             for row, (sequence, drafted) in enumerate(zip(subset, proposal.num_draft[index].tolist())):
-                draws = torch.rand(drafted + 1, generator=sequence.generator)
+                draws = torch.rand(drafted + 1, generator=sequence.round_generator("verify"))
                 uniform[row, :drafted], recovery[row] = draws[:drafted], draws[drafted]
             draft_probs = proposal.draft_probs[index] if proposal.draft_probs is not None else \
                 torch.zeros(len(sampled), max_k, logits.shape[-1])

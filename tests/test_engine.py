@@ -117,26 +117,62 @@ def test_sampling_is_seeded_and_matches_target_distribution(tiny_pair):
 
 
 PROMPTS_FILE = Path(__file__).resolve().parents[1] / "bench" / "prompts" / "heldout.jsonl"
+DEMO_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def demo_references(demo_pair):
+    """16 held-out prompts (code, json, prose mixed) and transformers' own greedy continuation of each."""
+    records = [json.loads(line) for line in PROMPTS_FILE.read_text().splitlines()]
+    chosen = [r for w in ("code", "json", "prose") for r in [x for x in records if x["workload"] == w][:6]][:16]
+    tokenizer, target = demo_pair.tokenizer, demo_pair.target
+    prompts = [tokenizer.encode(r["prompt"]) for r in chosen]
+    references = []
+    for prompt in prompts:
+        with torch.no_grad():
+            out = target.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                  do_sample=False, max_new_tokens=DEMO_TOKENS, min_new_tokens=DEMO_TOKENS,
+                                  output_logits=True, return_dict_in_generate=True,
+                                  pad_token_id=tokenizer.pad_token_id)
+        references.append((out.sequences[0, len(prompt):].tolist(), [logits[0] for logits in out.logits]))
+    return prompts, references
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("drafter_kind", ["model", "ngram"])
-def test_demo_pair_speculation_matches_transformers_greedy(demo_pair, drafter_kind):
-    records = [json.loads(line) for line in PROMPTS_FILE.read_text().splitlines()]
-    chosen = [r for w in ("code", "json", "prose") for r in [x for x in records if x["workload"] == w][:2]]
-    tokenizer, target = demo_pair.tokenizer, demo_pair.target
-    prompts = [tokenizer.encode(r["prompt"]) for r in chosen]
-    engine_config = EngineConfig(max_num_seqs=4, max_model_len=512)
-    policy = PolicyConfig(mode=SpeculationMode.adaptive, k=4, warmup_rounds=3)
-    drafter = ModelDrafter(demo_pair.draft, 4, 512) if drafter_kind == "model" else \
+@pytest.mark.parametrize("drafter_kind,mode,k,batch_size", [
+    ("model", "on", 2, 1), ("model", "on", 8, 16), ("model", "adaptive", 4, 4), ("ngram", "on", 4, 4),
+    ("ngram", "adaptive", 4, 16),
+])
+def test_demo_pair_speculation_matches_transformers_greedy(demo_pair, demo_references, drafter_kind, mode, k,
+                                                           batch_size):
+    prompts, references = demo_references
+    prompts, references = (prompts[:4], references[:4]) if batch_size == 1 else (prompts, references)
+    tokenizer = demo_pair.tokenizer
+    engine_config = EngineConfig(max_num_seqs=batch_size, max_model_len=512)
+    policy = PolicyConfig(mode=SpeculationMode(mode), k=k, warmup_rounds=3)
+    drafter = ModelDrafter(demo_pair.draft, batch_size, 512) if drafter_kind == "model" else \
         NgramDrafter(DrafterConfig(kind=DrafterKind.ngram), len(tokenizer))
-    engine = SpecEngine(target, drafter, tokenizer.eos_token_id, engine_config, policy)
-    sequences = engine.generate(prompts, SamplingParams(max_tokens=40, ignore_eos=True))
-    for index, (prompt, sequence) in enumerate(zip(prompts, sequences)):
-        with torch.no_grad():
-            out = target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=40, min_new_tokens=40,
-                                  output_logits=True, return_dict_in_generate=True, pad_token_id=0)
-        expected = out.sequences[0, len(prompt):].tolist()
-        assert_greedy_equal_or_tie(sequence.output_token_ids, expected, [lg[0] for lg in out.logits],
-                                   f"demo {drafter_kind} prompt {index}")
-    assert engine.aggregator.segments["default"].num_accepted_tokens > 0
+    engine = SpecEngine(demo_pair.target, drafter, tokenizer.eos_token_id, engine_config, policy)
+    sequences = engine.generate(prompts, SamplingParams(max_tokens=DEMO_TOKENS, ignore_eos=True))
+    for index, (sequence, (expected, logits)) in enumerate(zip(sequences, references)):
+        assert_greedy_equal_or_tie(sequence.output_token_ids, expected, logits,
+                                   f"demo {drafter_kind} {mode} k={k} batch={batch_size} prompt {index}")
+    assert engine.aggregator.segments["default"].num_draft_tokens > 0
+
+
+@pytest.mark.slow
+def test_demo_acceptance_depends_on_the_text(demo_pair):
+    """The central claim, on prompts not used for the model card: JSON and code draft better than prose."""
+    unseen = Path(__file__).resolve().parents[1] / "bench" / "prompts" / "unseen.jsonl"
+    records = [json.loads(line) for line in unseen.read_text().splitlines()]
+    rates = {}
+    for workload in ("code", "json", "prose"):
+        prompts = [demo_pair.tokenizer.encode(r["prompt"]) for r in records if r["workload"] == workload]
+        drafter = ModelDrafter(demo_pair.draft, len(prompts), 512)
+        engine = SpecEngine(demo_pair.target, drafter, demo_pair.tokenizer.eos_token_id,
+                            EngineConfig(max_num_seqs=len(prompts), max_model_len=512),
+                            PolicyConfig(mode=SpeculationMode.on, k=4))
+        engine.generate(prompts, SamplingParams(max_tokens=32, ignore_eos=True))
+        rates[workload] = engine.aggregator.segments["default"].acceptance_rate
+    assert rates["json"] > rates["prose"] + 0.1, rates
+    assert rates["code"] > rates["prose"] + 0.1, rates

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -54,6 +56,7 @@ def assert_greedy_equal_or_tie(got: list[int], expected: list[int], step_logits:
             gap = float(top2[0] - top2[1])
             assert gap < margin, (f"{what}: diverged at generated position {position} ({got_id} vs "
                                   f"{expected_id}) where the target's top-2 logit gap is {gap:.2e} ≥ {margin}")
-            print(f"{what}: numerical tie at position {position} (gap {gap:.2e}); rest not compared")
+            warnings.warn(f"{what}: numerical tie at position {position} (top-2 gap {gap:.2e}); rest not compared",
+                          stacklevel=2)
             return
     assert len(got) == len(expected), f"{what}: {len(got)} tokens vs {len(expected)}"
