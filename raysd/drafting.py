@@ -51,7 +51,8 @@ def sampling_tensors(sequences: list[Sequence]) -> tuple[torch.Tensor, torch.Ten
     return temperature, top_k, top_p
 
 
-def _empty_proposal(num_seqs: int) -> DraftProposal:
+def empty_proposal(num_seqs: int) -> DraftProposal:
+    """No drafts for any row (a round of plain decoding)."""
     return DraftProposal(torch.zeros(num_seqs, 0, dtype=torch.long), torch.zeros(num_seqs, dtype=torch.long),
                          None)
 
@@ -84,7 +85,7 @@ class ModelDrafter:
         started = time.perf_counter()
         max_k = max(ks, default=0)
         if max_k == 0:
-            return _empty_proposal(len(sequences))
+            return empty_proposal(len(sequences))
         for sequence in sequences:
             if sequence.seq_id not in self.table:
                 self._prefill(sequence)
@@ -172,7 +173,7 @@ class NgramDrafter:
         started = time.perf_counter()
         max_k = max(ks, default=0)
         if max_k == 0:
-            return _empty_proposal(len(sequences))
+            return empty_proposal(len(sequences))
         token_ids = torch.zeros(len(sequences), max_k, dtype=torch.long)
         num_draft = torch.zeros(len(sequences), dtype=torch.long)
         for i, (sequence, k) in enumerate(zip(sequences, ks)):

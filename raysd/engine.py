@@ -16,17 +16,26 @@ from dataclasses import dataclass
 import torch
 
 from raysd.config import EngineConfig, PolicyConfig, SamplingParams, SpeculationMode
-from raysd.drafting import Drafter, DraftProposal
+from raysd.drafting import Drafter, DraftProposal, empty_proposal
 from raysd.metrics import RoundStats, SpecDecodeAggregator
-from raysd.policy import SpeculationPolicy
+from raysd.policy import Decision, SpeculationPolicy
 from raysd.sequence import Sequence
-from raysd.verify import TargetVerifier
+from raysd.verify import TargetVerifier, VerifyResult
 
 logger = logging.getLogger(__name__)
 
 
 class ContextLengthError(ValueError):
     """A request's prompt + max_tokens do not fit the engine's max_model_len."""
+
+
+@dataclass
+class RoundPlan:
+    """A round in flight: its batch and the policy's decision."""
+
+    batch: list[Sequence]
+    decision: Decision
+    started: float
 
 
 @dataclass
@@ -83,6 +92,7 @@ class SpecEngine:
         for sequence in self.running:
             if sequence.seq_id == seq_id:
                 sequence.finish_reason = "abort"
+                self.running.remove(sequence)
                 self._retire([sequence])
                 return True
         return False
@@ -100,57 +110,42 @@ class SpecEngine:
 
     def _retire(self, finished: list[Sequence]) -> None:
         ids = [s.seq_id for s in finished]
-        now = time.perf_counter()
-        for sequence in finished:
-            sequence.finished_at = now
         self.verifier.release(ids)
         if self.drafter is not None:
             self.drafter.release(ids)
-        gone = set(ids)
-        self.running = [s for s in self.running if s.seq_id not in gone]
 
-    def step(self) -> list[StepOutput]:
-        """Run one round over the running batch; returns the tokens each sequence gained."""
-        round_started = time.perf_counter()
+    def plan(self) -> RoundPlan | None:
+        """Start a round: admit waiting sequences and choose k for each (None when idle)."""
+        started = time.perf_counter()
         self._admit()
         batch = list(self.running)
         if not batch:
-            return []
-        opt_out = [s.params.speculation == SpeculationMode.off or self.drafter is None for s in batch]
+            return None
+        opt_out = [s.params.speculation == SpeculationMode.off or not self.can_draft for s in batch]
         k_limits = [max(0, s.remaining - 1) for s in batch]
         decision = self.policy.decide([s.segment for s in batch], opt_out, k_limits, self.pressure_source())
+        return RoundPlan(batch, decision, started)
 
-        if any(decision.ks):
-            proposal = self.drafter.propose(batch, decision.ks)
-        else:
-            proposal = DraftProposal(torch.zeros(len(batch), 0, dtype=torch.long),
-                                     torch.zeros(len(batch), dtype=torch.long), None)
-        result = self.verifier.verify(batch, proposal)
+    def commit(self, plan: RoundPlan, proposal: DraftProposal, result: VerifyResult) -> tuple[list[StepOutput],
+                                                                                            list[Sequence]]:
+        """Finish a round: append emitted tokens, record stats, feed the policy, drop finished sequences
+        from the running batch. Returns ``(outputs, finished)``; the caller frees the finished ones' caches."""
+        batch, decision = plan.batch, plan.decision
         drafted = proposal.num_draft.tolist()
-        if any(decision.ks):
-            self.drafter.observe(batch, result.num_accepted)
-
-        outputs, finished = [], []
+        outputs, finished, emitted_counts = [], [], []
         for i, sequence in enumerate(batch):
             if result.failed[i]:
                 logger.error("target produced non-finite logits for %s; failing that request", sequence.seq_id)
                 sequence.finish_reason = "error"
                 finished.append(sequence)
+                emitted_counts.append(0)
                 continue
             accepted = result.num_accepted[i]
-            emitted = proposal.token_ids[i, :accepted].tolist() + [result.bonus_token_ids[i]]
-            kept = sequence.append(emitted, self.eos_token_id)
-            stats = sequence.stats
-            stats.rounds += 1
-            stats.last_reason = decision.reasons[i]
-            if drafted[i] > 0:
-                stats.spec_rounds += 1
-                stats.drafted_tokens += drafted[i]
-                stats.accepted_tokens += accepted
-                stats.accepted_per_position.extend([0] * (accepted - len(stats.accepted_per_position)))
-                for position in range(accepted):
-                    stats.accepted_per_position[position] += 1
+            kept = sequence.append(proposal.token_ids[i, :accepted].tolist() + [result.bonus_token_ids[i]],
+                                   self.eos_token_id)
+            sequence.stats.record_round(decision.reasons[i], drafted[i], accepted)
             outputs.append(StepOutput(sequence, kept))
+            emitted_counts.append(len(kept))
             if sequence.finished:
                 finished.append(sequence)
 
@@ -158,15 +153,39 @@ class SpecEngine:
         self.policy.costs.observe_target(result.batch_tokens, result.seconds)
         if proposal.forward_steps:
             self.policy.costs.observe_draft(len(batch), proposal.seconds / proposal.forward_steps)
-        self._retire(finished)
+        now = time.perf_counter()
+        for sequence in finished:
+            sequence.finished_at = now
+        gone = {s.seq_id for s in finished}
+        self.running = [s for s in self.running if s.seq_id not in gone]
         self.last_round = RoundStats(
             segments=[s.segment for s in batch], ks=decision.ks, drafted=drafted,
-            accepted=result.num_accepted, emitted=[len(o.new_token_ids) for o in outputs],
-            reasons=decision.reasons, draft_seconds=proposal.seconds, verify_seconds=result.seconds,
-            prefill_seconds=result.prefill_seconds, round_seconds=time.perf_counter() - round_started,
+            accepted=result.num_accepted, emitted=emitted_counts, reasons=decision.reasons,
+            draft_seconds=proposal.seconds, verify_seconds=result.seconds,
+            prefill_seconds=result.prefill_seconds, round_seconds=now - plan.started,
             pressure=decision.pressure, speculation_on=decision.speculation_on,
             verify_tokens=result.batch_tokens)
         self.aggregator.add(self.last_round)
+        return outputs, finished
+
+    @property
+    def can_draft(self) -> bool:
+        return self.drafter is not None
+
+    def step(self) -> list[StepOutput]:
+        """Run one round over the running batch; returns the tokens each sequence gained."""
+        plan = self.plan()
+        if plan is None:
+            return []
+        if any(plan.decision.ks):
+            proposal = self.drafter.propose(plan.batch, plan.decision.ks)
+        else:
+            proposal = empty_proposal(len(plan.batch))
+        result = self.verifier.verify(plan.batch, proposal)
+        if any(plan.decision.ks):
+            self.drafter.observe(plan.batch, result.num_accepted)
+        outputs, finished = self.commit(plan, proposal, result)
+        self._retire(finished)
         return outputs
 
     def run_to_completion(self) -> None:

@@ -28,6 +28,17 @@ class SequenceStats:
     accepted_per_position: list[int] = field(default_factory=list)
     last_reason: str = ""
 
+    def record_round(self, reason: str, drafted: int, accepted: int) -> None:
+        self.rounds += 1
+        self.last_reason = reason
+        if drafted > 0:
+            self.spec_rounds += 1
+            self.drafted_tokens += drafted
+            self.accepted_tokens += accepted
+            self.accepted_per_position.extend([0] * (accepted - len(self.accepted_per_position)))
+            for position in range(accepted):
+                self.accepted_per_position[position] += 1
+
     @property
     def acceptance_rate(self) -> float | None:
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
