@@ -2,7 +2,7 @@
 
 A drafter has three methods:
 - ``propose(sequences, ks)`` → ``DraftProposal`` with up to ``ks[i]`` tokens for ``sequences[i]``;
-- ``observe(sequences, num_accepted)`` → how many of the last proposal the target kept (cache roll-back);
+- ``observe(seq_ids, num_accepted)`` → how many of the last proposal the target kept (cache roll-back);
 - ``release(seq_ids)`` → forget finished or aborted sequences.
 
 ``ModelDrafter`` runs a small LM with its own ragged KV cache; ``NgramDrafter`` (prompt lookup) copies
@@ -38,7 +38,7 @@ class DraftProposal:
 class Drafter(Protocol):
     def propose(self, sequences: list[Sequence], ks: list[int]) -> DraftProposal: ...
 
-    def observe(self, sequences: list[Sequence], num_accepted: list[int]) -> None: ...
+    def observe(self, seq_ids: list[str], num_accepted: list[int]) -> None: ...
 
     def release(self, seq_ids: list[str]) -> None: ...
 
@@ -89,6 +89,10 @@ class ModelDrafter:
         for sequence in sequences:
             if sequence.seq_id not in self.table:
                 self._prefill(sequence)
+            elif sequence.seq_id in self._last_k:  # last proposal never observed (lost reply): keep only
+                base, _ = self._last_k.pop(sequence.seq_id)  # the verified prefix
+                row = self.table.row_of[sequence.seq_id]
+                self.cache.lengths[row] = min(int(self.cache.lengths[row]), base)
         num_rows = len(self.table)
         rows = slice(0, num_rows)
         request_rows = self.table.rows_for([s.seq_id for s in sequences])  # [num_seqs]
@@ -134,12 +138,11 @@ class ModelDrafter:
         token_ids = token_ids * (torch.arange(max_k)[None, :] < num_draft[:, None])
         return DraftProposal(token_ids, num_draft, draft_probs, time.perf_counter() - started, max_k)
 
-    def observe(self, sequences: list[Sequence], num_accepted: list[int]) -> None:
-        for sequence, accepted in zip(sequences, num_accepted):
-            base, k = self._last_k.pop(sequence.seq_id, (None, 0))
-            if base is not None and sequence.seq_id in self.table:
-                row = self.table.row_of[sequence.seq_id]
-                self.cache.lengths[row] = base + min(accepted, max(k - 1, 0))
+    def observe(self, seq_ids: list[str], num_accepted: list[int]) -> None:
+        for seq_id, accepted in zip(seq_ids, num_accepted):
+            base, k = self._last_k.pop(seq_id, (None, 0))
+            if base is not None and seq_id in self.table:
+                self.cache.lengths[self.table.row_of[seq_id]] = base + min(accepted, max(k - 1, 0))
 
     def release(self, seq_ids: list[str]) -> None:
         for seq_id in seq_ids:
@@ -186,7 +189,7 @@ class NgramDrafter:
             draft_probs.scatter_(2, token_ids[:, :, None], 1.0)  # deterministic proposal: one-hot
         return DraftProposal(token_ids, num_draft, draft_probs, time.perf_counter() - started, 0)
 
-    def observe(self, sequences: list[Sequence], num_accepted: list[int]) -> None:
+    def observe(self, seq_ids: list[str], num_accepted: list[int]) -> None:
         return None
 
     def release(self, seq_ids: list[str]) -> None:

@@ -50,20 +50,25 @@ class SpecEngine:
     """Continuous-batching speculative decoding over one target and (optionally) one drafter.
 
     ``pressure_source`` returns the pressure the policy's gate reads; by default the engine's own load
-    (running + waiting sequences). The serving layer passes the cluster-wide figure instead.
+    (running + waiting sequences). The serving layer passes the cluster-wide figure instead, and
+    ``drafting_available`` (is the draft worker healthy?) in place of "a drafter is attached".
     """
 
     def __init__(self, target_model, drafter: Drafter | None, eos_token_id: int | None,
                  engine_config: EngineConfig, policy_config: PolicyConfig,
-                 pressure_source: Callable[[], float] | None = None):
+                 pressure_source: Callable[[], float] | None = None,
+                 drafting_available: Callable[[], bool] | None = None):
         if engine_config.threads:
             torch.set_num_threads(engine_config.threads)
         self.config = engine_config
-        self.verifier = TargetVerifier(target_model, engine_config.max_num_seqs, engine_config.max_model_len,
-                                       max(policy_config.k_max, policy_config.k))
+        # target_model None: the caller verifies elsewhere (the Serve router drives plan/commit itself)
+        self.verifier = None if target_model is None else TargetVerifier(
+            target_model, engine_config.max_num_seqs, engine_config.max_model_len,
+            max(policy_config.k_max, policy_config.k))
         self.drafter = drafter
         self.eos_token_id = eos_token_id
         self.policy = SpeculationPolicy(policy_config)
+        self._drafting_available = drafting_available or (lambda: self.drafter is not None)
         self.pressure_source = pressure_source or (lambda: float(len(self.running) + len(self.waiting)))
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -134,6 +139,10 @@ class SpecEngine:
         drafted = proposal.num_draft.tolist()
         outputs, finished, emitted_counts = [], [], []
         for i, sequence in enumerate(batch):
+            if sequence.finished:  # aborted while the round was in flight
+                finished.append(sequence)
+                emitted_counts.append(0)
+                continue
             if result.failed[i]:
                 logger.error("target produced non-finite logits for %s; failing that request", sequence.seq_id)
                 sequence.finish_reason = "error"
@@ -170,7 +179,7 @@ class SpecEngine:
 
     @property
     def can_draft(self) -> bool:
-        return self.drafter is not None
+        return self._drafting_available()
 
     def step(self) -> list[StepOutput]:
         """Run one round over the running batch; returns the tokens each sequence gained."""
@@ -183,7 +192,7 @@ class SpecEngine:
             proposal = empty_proposal(len(plan.batch))
         result = self.verifier.verify(plan.batch, proposal)
         if any(plan.decision.ks):
-            self.drafter.observe(plan.batch, result.num_accepted)
+            self.drafter.observe([s.seq_id for s in plan.batch], result.num_accepted)
         outputs, finished = self.commit(plan, proposal, result)
         self._retire(finished)
         return outputs

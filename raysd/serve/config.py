@@ -1,0 +1,85 @@
+"""Serving configs: one pydantic model per deployment, all inside ``ServerConfig`` (validated at start)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from raysd.config import DrafterConfig, EngineConfig, PolicyConfig
+from raysd.models import DEMO_DRAFT, DEMO_TARGET
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Placement(_Strict):
+    """Where a deployment's replicas run; passed to Ray as ``ray_actor_options``."""
+
+    num_replicas: int = Field(default=1, ge=1, description="Replicas of this deployment.")
+    num_cpus: float = Field(default=0, ge=0, description="CPUs reserved per replica (0 on a laptop).")
+    num_gpus: float = Field(default=0, ge=0, description="GPUs per replica (per TP rank for targets).")
+    accelerator_type: str | None = Field(default=None, description="e.g. L4, H100 (Ray accelerator type).")
+    resources: dict[str, float] = Field(default_factory=dict, description="Custom resources, e.g. draft_device.")
+
+    def actor_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}
+        if self.accelerator_type:
+            options["accelerator_type"] = self.accelerator_type
+        if self.resources:
+            options["resources"] = dict(self.resources)
+        return options
+
+
+class DraftWorkerConfig(_Strict):
+    model_dir: Path = Field(default=DEMO_DRAFT, description="Draft model directory (model drafter).")
+    drafter: DrafterConfig = DrafterConfig()
+    max_num_seqs: int = Field(default=64, gt=0)
+    max_model_len: int = Field(default=1024, gt=1)
+    k_max: int = Field(default=8, ge=1)
+    threads: int = Field(default=1, gt=0, description="torch threads in the worker.")
+    placement: Placement = Placement(resources={})
+
+
+class TargetWorkerConfig(_Strict):
+    model_dir: Path = Field(default=DEMO_TARGET, description="Target model directory.")
+    tp_size: int = Field(default=1, ge=1, description="Tensor-parallel ranks (DeepSpeed AutoTP).")
+    max_num_seqs: int = Field(default=64, gt=0)
+    max_model_len: int = Field(default=1024, gt=1)
+    k_max: int = Field(default=8, ge=1)
+    threads: int = Field(default=1, gt=0)
+    placement: Placement = Placement()
+
+
+class RouterConfig(_Strict):
+    model_alias: str = Field(default="raysd-demo", description="Name clients pass as `model`.")
+    engine: EngineConfig = EngineConfig()
+    policy: PolicyConfig = PolicyConfig()
+    draft_timeout_s: float = Field(default=2.0, gt=0, description="A draft call slower than this → k=0 round.")
+    target_timeout_s: float = Field(default=30.0, gt=0, description="A verify call slower than this fails the "
+                                                                     "round's requests (retryable).")
+    draft_retry_s: float = Field(default=2.0, gt=0, description="After a draft failure, try drafting again "
+                                                                 "after this long.")
+    max_ongoing_requests: int = Field(default=256, gt=0)
+    max_queued_requests: int = Field(default=64, ge=-1)
+    max_body_bytes: int = Field(default=1_000_000, gt=0, description="Larger request bodies get 413.")
+    placement: Placement = Placement()
+
+
+class ServerConfig(_Strict):
+    """Everything ``raysd serve`` deploys."""
+
+    host: str = Field(default="127.0.0.1", description="HTTP bind address (loopback by default).")
+    port: int = Field(default=8000, gt=0, lt=65536)
+    router: RouterConfig = RouterConfig()
+    draft: DraftWorkerConfig | None = DraftWorkerConfig()
+    target: TargetWorkerConfig = TargetWorkerConfig()
+
+    @classmethod
+    def from_file(cls, path: Path) -> ServerConfig:
+        """Load YAML or JSON; a bad field fails here with its path in the message."""
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        return cls.model_validate(data)

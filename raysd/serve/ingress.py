@@ -1,0 +1,282 @@
+"""The OpenAI-compatible HTTP API (FastAPI on the Serve proxy) in front of the round loop.
+
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics.
+Every refusal is an OpenAI error object ``{"error": {"message", "type", "param", "code"}}`` with a 4xx
+status (503 for a retryable server-side failure).
+"""
+
+import asyncio
+import json
+import logging
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import ValidationError
+from ray import serve
+
+from raysd.api import (
+    ChatChoice,
+    ChatChoiceMessage,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    ErrorDetail,
+    ErrorResponse,
+    SpeculationStats,
+    Usage,
+    new_id,
+    render_chat,
+)
+from raysd.config import SamplingParams, SpeculationMode
+from raysd.models import load_tokenizer
+from raysd.serve.config import RouterConfig
+from raysd.serve.metrics_text import render_prometheus
+from raysd.serve.router import RequestStream, RoundLoop
+from raysd.serve.text import IncrementalDetokenizer
+
+logger = logging.getLogger("raysd.ingress")
+api = FastAPI(title="raysd", description="Speculative decoding, OpenAI-compatible.")
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+
+    def response(self) -> JSONResponse:
+        body = ErrorResponse(error=ErrorDetail(message=self.message, type=self.type, param=self.param,
+                                               code=self.code))
+        headers = {"Retry-After": "1"} if self.status in (429, 503) else None
+        return JSONResponse(body.model_dump(), status_code=self.status, headers=headers)
+
+
+def _validation_error(error: ValidationError) -> APIError:
+    first = error.errors()[0]
+    param = ".".join(str(part) for part in first.get("loc", ())) or None
+    return APIError(400, f"{param}: {first.get('msg')}" if param else first.get("msg", "invalid request"),
+                    param=param, code="invalid_value")
+
+
+@api.exception_handler(APIError)
+async def _api_error_handler(request: Request, error: APIError):
+    return error.response()
+
+
+@api.exception_handler(RequestValidationError)
+async def _request_validation_handler(request: Request, error: RequestValidationError):
+    first = error.errors()[0] if error.errors() else {}
+    param = ".".join(str(part) for part in first.get("loc", ())) or None
+    return APIError(400, f"{param}: {first.get('msg', 'invalid request')}", param=param,
+                    code="invalid_value").response()
+
+
+@api.exception_handler(404)
+async def _not_found(request: Request, error):
+    return APIError(404, f"no route {request.method} {request.url.path}", code="not_found").response()
+
+
+@api.exception_handler(405)
+async def _method_not_allowed(request: Request, error):
+    return APIError(405, f"method {request.method} not allowed on {request.url.path}").response()
+
+
+@serve.ingress(api)
+class Router:
+    """Serve ingress deployment: tokenizes, submits to the round loop, answers in OpenAI's shapes."""
+
+    def __init__(self, config: RouterConfig, tokenizer_dir: str, draft_handle, target_handle, monitor_handle):
+        self.config = config
+        self.tokenizer = load_tokenizer(tokenizer_dir)
+        self.monitor = monitor_handle
+        self.cluster_pressure = 0.0
+        self.router_id = f"router-{uuid.uuid4().hex[:8]}"
+        self.loop = RoundLoop(config, draft_handle, target_handle, self.tokenizer.eos_token_id,
+                              pressure_source=lambda: self.cluster_pressure)
+        self._pressure_task: asyncio.Task | None = None
+
+    # --------------------------------------------------------------------------------- pressure
+    async def _pressure_reporter(self) -> None:
+        while True:
+            local = float(len(self.loop.engine.running) + len(self.loop.engine.waiting))
+            try:
+                self.cluster_pressure = await self.monitor.report.remote(self.router_id, local)
+            except Exception as error:  # monitor restarting: fall back to our own load
+                logger.warning("pressure monitor unavailable: %s", error)
+                self.cluster_pressure = local
+            await asyncio.sleep(0.2)
+
+    def _ensure_reporter(self) -> None:
+        if self.monitor is not None and (self._pressure_task is None or self._pressure_task.done()):
+            self._pressure_task = asyncio.get_running_loop().create_task(self._pressure_reporter())
+
+    # ----------------------------------------------------------------------------------- parsing
+    async def _parse(self, request: Request, schema):
+        body = await request.body()
+        if len(body) > self.config.max_body_bytes:
+            raise APIError(413, f"request body of {len(body)} bytes exceeds the limit of "
+                                f"{self.config.max_body_bytes}", code="request_too_large")
+        try:
+            payload = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise APIError(400, f"request body is not valid JSON: {error}", code="invalid_json") from None
+        if not isinstance(payload, dict):
+            raise APIError(400, "request body must be a JSON object", code="invalid_json")
+        try:
+            parsed = schema.model_validate(payload)
+        except ValidationError as error:
+            raise _validation_error(error) from None
+        if parsed.model != self.config.model_alias:
+            raise APIError(404, f"model {parsed.model!r} does not exist; available: {self.config.model_alias!r}",
+                           param="model", code="model_not_found")
+        return parsed
+
+    def _sampling(self, parsed, prompt_len: int, max_tokens: int | None, route: str) -> tuple[SamplingParams, str]:
+        limit = self.config.engine.max_model_len
+        if prompt_len >= limit:
+            raise APIError(400, f"prompt is {prompt_len} tokens; the context is {limit} tokens",
+                           param="prompt", code="context_length_exceeded")
+        max_tokens = max_tokens if max_tokens is not None else limit - prompt_len
+        if prompt_len + max_tokens > limit:
+            raise APIError(400, f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds the context of "
+                                f"{limit} tokens; lower max_tokens", param="max_tokens",
+                           code="context_length_exceeded")
+        params = SamplingParams(
+            max_tokens=max_tokens, temperature=parsed.temperature, top_p=parsed.top_p,
+            top_k=max(parsed.top_k, 0), seed=parsed.seed, ignore_eos=parsed.ignore_eos,
+            speculation=SpeculationMode.off if parsed.speculation == "off" else None)
+        segment = f"{route}:{self.config.model_alias}:{parsed.workload or 'default'}"
+        return params, segment
+
+    # ------------------------------------------------------------------------------- generation
+    async def _collect(self, stream: RequestStream, stops: list[str]):
+        """Yield ``(text_delta, token_ids_delta)`` until the sequence ends; enforces stop strings."""
+        detokenizer = IncrementalDetokenizer(self.tokenizer, stops)
+        try:
+            while True:
+                burst = await stream.queue.get()
+                if burst is None:
+                    if stream.error is not None:
+                        raise APIError(503, str(stream.error), type_="service_unavailable",
+                                       code="worker_unavailable")
+                    tail = detokenizer.flush()
+                    if tail:
+                        yield tail, []
+                    return
+                delta, stopped = detokenizer.push(burst)
+                yield delta, burst
+                if stopped:
+                    stream.sequence.finish_reason = "stop"
+                    self.loop.cancel(stream.sequence.seq_id)
+                    return
+        finally:
+            if not stream.sequence.finished:
+                self.loop.cancel(stream.sequence.seq_id)  # client went away: free its slots now
+
+    def _stats(self, stream: RequestStream) -> SpeculationStats:
+        stats = stream.sequence.stats
+        return SpeculationStats(
+            num_draft_tokens=stats.drafted_tokens, num_accepted_draft_tokens=stats.accepted_tokens,
+            draft_acceptance_rate=stats.acceptance_rate, mean_acceptance_length=stats.mean_acceptance_length,
+            num_spec_steps=stats.spec_rounds, num_rounds=stats.rounds, policy_reason=stats.last_reason,
+            segment=stream.sequence.segment)
+
+    async def _respond(self, parsed, prompt_ids: list[int], max_tokens: int | None, route: str, chat: bool):
+        params, segment = self._sampling(parsed, len(prompt_ids), max_tokens, route)
+        self._ensure_reporter()
+        stream = self.loop.submit(prompt_ids, params, segment)
+        if parsed.stream:
+            return StreamingResponse(self._sse(parsed, stream, chat), media_type="text/event-stream")
+        text, token_ids = "", []
+        async for delta, ids in self._collect(stream, parsed.stop_list):
+            text += delta
+            token_ids += ids
+        sequence = stream.sequence
+        token_ids = sequence.output_token_ids if not parsed.stop_list else token_ids
+        usage = Usage(prompt_tokens=len(prompt_ids), completion_tokens=len(token_ids),
+                      total_tokens=len(prompt_ids) + len(token_ids))
+        extra = {"prompt_token_ids": prompt_ids, "token_ids": token_ids} if parsed.return_token_ids else {}
+        finish = sequence.finish_reason
+        if chat:
+            choice = ChatChoice(message=ChatChoiceMessage(content=text), finish_reason=finish, **extra)
+            response = ChatCompletionResponse(model=parsed.model, choices=[choice], usage=usage,
+                                              speculation=self._stats(stream))
+        else:
+            choice = CompletionChoice(text=text, finish_reason=finish, **extra)
+            response = CompletionResponse(model=parsed.model, choices=[choice], usage=usage,
+                                          speculation=self._stats(stream))
+        return JSONResponse(response.model_dump(exclude_none=True))
+
+    async def _sse(self, parsed, stream: RequestStream, chat: bool):
+        response_id = new_id("chatcmpl" if chat else "cmpl")
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        prompt_len = len(stream.sequence.prompt_token_ids)
+        emitted = 0
+
+        def chunk(delta_text: str, ids: list[int], finish: str | None, first: bool = False) -> str:
+            if chat:
+                delta = {"role": "assistant", "content": delta_text} if first else {"content": delta_text}
+                choice = {"index": 0, "delta": delta if delta_text or first else {}, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": delta_text, "finish_reason": finish, "logprobs": None}
+            if parsed.return_token_ids:
+                choice["token_ids"] = ids
+            body = {"id": response_id, "object": kind, "model": parsed.model, "choices": [choice]}
+            return f"data: {json.dumps(body)}\n\n"
+
+        first = True
+        try:
+            async for delta, ids in self._collect(stream, parsed.stop_list):
+                emitted += len(ids)
+                yield chunk(delta, ids, None, first)
+                first = False
+        except APIError as error:
+            yield f"data: {json.dumps({'error': ErrorDetail(message=error.message, type=error.type, code=error.code).model_dump()})}\n\n"  # noqa: E501
+            yield "data: [DONE]\n\n"
+            return
+        yield chunk("", [], stream.sequence.finish_reason)
+        if parsed.stream_options is not None and parsed.stream_options.include_usage:
+            usage = Usage(prompt_tokens=prompt_len, completion_tokens=emitted, total_tokens=prompt_len + emitted)
+            body = {"id": response_id, "object": kind, "model": parsed.model, "choices": [],
+                    "usage": usage.model_dump(), "speculation": self._stats(stream).model_dump()}
+            yield f"data: {json.dumps(body)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    # ----------------------------------------------------------------------------------- routes
+    @api.post("/v1/completions")
+    async def completions(self, request: Request):
+        try:
+            parsed = await self._parse(request, CompletionRequest)
+            prompt_ids = parsed.prompt if isinstance(parsed.prompt, list) else self.tokenizer.encode(parsed.prompt)
+            if any(not 0 <= token < len(self.tokenizer) for token in prompt_ids):
+                raise APIError(400, f"prompt token ids must be in [0, {len(self.tokenizer)})", param="prompt")
+            return await self._respond(parsed, prompt_ids, parsed.max_tokens, "completions", chat=False)
+        except APIError as error:
+            return error.response()
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request):
+        try:
+            parsed = await self._parse(request, ChatCompletionRequest)
+            prompt_ids = self.tokenizer.encode(render_chat(parsed.messages, self.tokenizer))
+            max_tokens = parsed.max_completion_tokens or parsed.max_tokens
+            return await self._respond(parsed, prompt_ids, max_tokens, "chat", chat=True)
+        except APIError as error:
+            return error.response()
+
+    @api.get("/v1/models")
+    async def models(self):
+        return {"object": "list", "data": [{"id": self.config.model_alias, "object": "model", "owned_by": "raysd",
+                                            "max_model_len": self.config.engine.max_model_len}]}
+
+    @api.get("/health")
+    async def health(self):
+        return {"status": "ok", "cluster_pressure": self.cluster_pressure, **self.loop.state()}
+
+    @api.get("/metrics")
+    async def metrics(self):
+        return PlainTextResponse(render_prometheus(self.loop), media_type="text/plain; version=0.0.4")
