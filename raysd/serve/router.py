@@ -90,9 +90,10 @@ class RoundLoop:
         while True:
             try:
                 if not self.engine.has_work:
+                    self._wakeup.clear()  # clear before awaiting anything, so a submit meanwhile is not missed
                     await self._release_pending()
-                    self._wakeup.clear()
-                    await self._wakeup.wait()
+                    if not self.engine.has_work:
+                        await self._wakeup.wait()
                     continue
                 await self._round()
             except asyncio.CancelledError:

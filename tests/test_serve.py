@@ -1,0 +1,182 @@
+"""The product as users meet it: a real local Ray Serve app on the demo pair, over real HTTP."""
+
+import json
+import threading
+import time
+
+import pytest
+import requests
+import torch
+
+from raysd.models import DEMO_DRAFT, DEMO_TARGET
+
+pytestmark = pytest.mark.slow
+PORT = 8123
+MODEL = "raysd-demo"
+PROMPTS = ['{"order_id": "ord_1234567", "customer_id": ', "def parse_header(line):\n    ",
+           "The meaning of the word"]
+
+
+@pytest.fixture(scope="module")
+def server():
+    import ray
+    from ray import serve
+
+    from raysd.serve.app import start_local
+    from raysd.serve.config import ServerConfig
+
+    config = ServerConfig.model_validate({
+        "port": PORT,
+        "target": {"model_dir": str(DEMO_TARGET), "max_model_len": 512},
+        "draft": {"model_dir": str(DEMO_DRAFT), "max_model_len": 512},
+        "router": {"engine": {"max_model_len": 512, "max_num_seqs": 16},
+                   "policy": {"mode": "adaptive", "warmup_rounds": 2, "pressure_high": 40, "pressure_low": 20},
+                   "draft_timeout_s": 5.0, "draft_retry_s": 1.0},
+    })
+    url = start_local(config, num_cpus=2)
+    yield url
+    serve.shutdown()
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def references(demo_pair):
+    """Target-only greedy continuations (transformers generate) of PROMPTS, 40 tokens each."""
+    refs = {}
+    for prompt in PROMPTS:
+        ids = demo_pair.tokenizer.encode(prompt)
+        with torch.no_grad():
+            inputs = torch.tensor([ids])
+            out = demo_pair.target.generate(inputs, attention_mask=torch.ones_like(inputs), do_sample=False,
+                                            max_new_tokens=40, min_new_tokens=40,
+                                            pad_token_id=demo_pair.tokenizer.pad_token_id)
+        refs[prompt] = out[0, len(ids):].tolist()
+    return refs
+
+
+def _complete(url, **body):
+    payload = {"model": MODEL, "temperature": 0, "max_tokens": 40, "ignore_eos": True, "return_token_ids": True,
+               **body}
+    return requests.post(f"{url}/v1/completions", json=payload, timeout=120)
+
+
+def test_greedy_completions_are_token_identical_to_target_only(server, references):
+    for prompt, expected in references.items():
+        response = _complete(server, prompt=prompt)
+        assert response.status_code == 200, response.text
+        body = response.json()
+        choice = body["choices"][0]
+        assert choice["token_ids"] == expected
+        assert body["usage"]["completion_tokens"] == 40
+        assert body["speculation"]["num_rounds"] >= 1 and "policy_reason" in body["speculation"]
+    stats = _complete(server, prompt=PROMPTS[0], metadata={"workload": "json"}).json()["speculation"]
+    assert stats["segment"] == f"completions:{MODEL}:json"
+    assert stats["num_draft_tokens"] > 0  # speculation really ran through the draft worker
+
+
+def test_streaming_framing_and_usage(server):
+    payload = {"model": MODEL, "prompt": PROMPTS[1], "temperature": 0, "max_tokens": 24, "ignore_eos": True,
+               "stream": True, "stream_options": {"include_usage": True}}
+    with requests.post(f"{server}/v1/completions", json=payload, stream=True, timeout=120) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = [line.decode() for line in response.iter_lines() if line]
+    assert all(line.startswith("data: ") for line in lines)
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line[6:]) for line in lines[:-1]]
+    usage = chunks[-1]
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 24
+    text = "".join(c["choices"][0]["text"] for c in chunks[:-1])
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    plain = _complete(server, prompt=PROMPTS[1], max_tokens=24).json()["choices"][0]["text"]
+    assert text == plain
+
+
+def test_chat_completions_and_models(server):
+    models = requests.get(f"{server}/v1/models", timeout=30).json()
+    assert models["data"][0]["id"] == MODEL
+    response = requests.post(f"{server}/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 8,
+        "temperature": 0}, timeout=120)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["object"] == "chat.completion" and body["choices"][0]["message"]["role"] == "assistant"
+    assert body["usage"]["completion_tokens"] <= 8
+
+
+@pytest.mark.parametrize("body,status,param", [
+    ({"model": "nope", "prompt": "x"}, 404, "model"),
+    ({"model": MODEL, "prompt": "x", "temperature": 3}, 400, "temperature"),
+    ({"model": MODEL, "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+    ({"model": MODEL, "prompt": "x", "max_tokens": 100000}, 400, "max_tokens"),
+    ({"model": MODEL, "prompt": "x", "n": 5}, 400, "n"),
+    ({"model": MODEL, "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    ({"model": MODEL}, 400, "prompt"),
+])
+def test_bad_requests_get_openai_errors(server, body, status, param):
+    response = requests.post(f"{server}/v1/completions", json=body, timeout=30)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["param"] == param
+
+
+def test_non_json_body_is_400(server):
+    response = requests.post(f"{server}/v1/completions", data=b"\xff\xfe not json", timeout=30)
+    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"
+
+
+def test_cluster_pressure_turns_speculation_off_and_back_on(server):
+    from ray import serve
+
+    monitor = serve.get_deployment_handle("PressureMonitor", app_name="raysd")
+    stop = threading.Event()
+
+    def flood():  # another source reporting load, as a second router under traffic would
+        while not stop.is_set():
+            monitor.report.remote("synthetic-load", 100.0).result()
+            time.sleep(0.1)
+
+    worker = threading.Thread(target=flood, daemon=True)
+    worker.start()
+    try:
+        time.sleep(1.0)  # routers refresh the cluster figure every 0.2 s
+        stats = _complete(server, prompt=PROMPTS[0], max_tokens=16).json()["speculation"]
+        assert stats["num_draft_tokens"] == 0 and stats["policy_reason"] == "pressure"
+        assert requests.get(f"{server}/health", timeout=30).json()["reason"] == "pressure"
+    finally:
+        stop.set()
+        worker.join()
+    monitor.report.remote("synthetic-load", 0.0).result()
+    time.sleep(1.0)
+    stats = _complete(server, prompt=PROMPTS[0], max_tokens=16).json()["speculation"]
+    # the gate is open again: the segment's own acceptance decides k now
+    assert stats["policy_reason"] in {"adaptive", "warmup", "probe", "low_acceptance"}, stats
+    assert (stats["num_draft_tokens"] > 0) == (stats["policy_reason"] != "low_acceptance")
+    health = requests.get(f"{server}/health", timeout=30).json()
+    assert health["speculation_on"] and health["reason"] == "ok"
+
+
+def test_killed_draft_replica_mid_stream_keeps_output_identical(server, references):
+    import ray
+
+    prompt = PROMPTS[1]
+    payload = {"model": MODEL, "prompt": prompt, "temperature": 0, "max_tokens": 40, "ignore_eos": True,
+               "stream": True, "return_token_ids": True, "speculation": "auto"}
+    token_ids = []
+    with requests.post(f"{server}/v1/completions", json=payload, stream=True, timeout=180) as response:
+        lines = response.iter_lines()
+        killed = False
+        for line in lines:
+            if not line or line == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            token_ids += chunk["choices"][0].get("token_ids", [])
+            if not killed:
+                names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                         if "DraftWorker" in a["name"]]
+                assert names, "no draft replica found"
+                ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=False)
+                killed = True
+    assert token_ids == references[prompt]
+    health = requests.get(f"{server}/health", timeout=30).json()
+    assert health["draft_failures"] >= 1
