@@ -139,6 +139,36 @@ def cmd_demo_run(args) -> int:
     return 0 if all(figures["identical"] for figures in results.values()) else 1
 
 
+def cmd_serve(args) -> int:
+    import signal
+    import threading
+
+    from raysd.serve.app import default_local_config_path, start_local
+    from raysd.serve.config import ServerConfig
+
+    config_path = args.config or default_local_config_path()
+    config = ServerConfig.from_file(config_path) if config_path.exists() else ServerConfig()
+    config = config.model_copy(update={"host": args.host or config.host, "port": args.port or config.port})
+    print(f"raysd: starting a local Ray and deploying {config_path} (first start takes a minute)…", flush=True)
+    url = start_local(config)
+    alias = config.router.model_alias
+    print(f"\nraysd is serving {alias!r} at {url}  (OpenAI-compatible; Ctrl-C stops it)\n\n"
+          f"  curl {url}/v1/completions -H 'Content-Type: application/json' \\\n"
+          f"    -d '{{\"model\": \"{alias}\", \"prompt\": \"def fibonacci(n):\", \"max_tokens\": 48, "
+          f"\"temperature\": 0}}'\n", flush=True)
+    stopped = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stopped.set())
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    stopped.wait()
+    print("raysd: shutting down", flush=True)
+    import ray
+    from ray import serve
+
+    serve.shutdown()
+    ray.shutdown()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raysd", description="Speculative decoding that knows when it pays.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -147,6 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--target", type=Path, default=DEMO_TARGET, help="target model directory")
         sub.add_argument("--draft", type=Path, default=DEMO_DRAFT, help="draft model directory")
         sub.add_argument("--threads", type=int, default=2, help="torch threads")
+
+    serve_cmd = commands.add_parser("serve", help="start a local Ray Serve app with the OpenAI API")
+    serve_cmd.add_argument("--config", type=Path, default=None, help="ServerConfig YAML (deployments/local.yaml)")
+    serve_cmd.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
+    serve_cmd.add_argument("--port", type=int, default=None, help="port (default 8000)")
+    serve_cmd.set_defaults(func=cmd_serve)
 
     generate = commands.add_parser("generate", help="decode prompts from a JSONL file")
     generate.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS)

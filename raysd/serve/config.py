@@ -6,14 +6,19 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from raysd.config import DrafterConfig, EngineConfig, PolicyConfig
-from raysd.models import DEMO_DRAFT, DEMO_TARGET
+from raysd.models import DEMO_DRAFT, DEMO_TARGET, REPO_ROOT
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _repo_relative(path: Path) -> Path:
+    """Relative model paths mean relative to the repository, whatever the worker's working directory."""
+    return path if path.is_absolute() else REPO_ROOT / path
 
 
 class Placement(_Strict):
@@ -43,6 +48,8 @@ class DraftWorkerConfig(_Strict):
     threads: int = Field(default=1, gt=0, description="torch threads in the worker.")
     placement: Placement = Placement(resources={})
 
+    _resolve_model_dir = field_validator("model_dir")(classmethod(lambda cls, value: _repo_relative(value)))
+
 
 class TargetWorkerConfig(_Strict):
     model_dir: Path = Field(default=DEMO_TARGET, description="Target model directory.")
@@ -52,6 +59,8 @@ class TargetWorkerConfig(_Strict):
     k_max: int = Field(default=8, ge=1)
     threads: int = Field(default=1, gt=0)
     placement: Placement = Placement()
+
+    _resolve_model_dir = field_validator("model_dir")(classmethod(lambda cls, value: _repo_relative(value)))
 
 
 class RouterConfig(_Strict):
