@@ -19,7 +19,7 @@ from typing import Protocol
 import torch
 
 from raysd.config import DrafterConfig
-from raysd.kv_cache import RaggedKVCache, RowTable, ragged_forward
+from raysd.kv_cache import RaggedKVCache, RowTable, prefill_row, ragged_forward
 from raysd.sampling import processed_probs
 from raysd.sequence import Sequence
 
@@ -71,12 +71,7 @@ class ModelDrafter:
         self._last_k: dict[str, tuple[int, int]] = {}  # seq_id → (tokens before drafts, k proposed)
 
     def _prefill(self, sequence: Sequence) -> None:
-        row = self.table.add(sequence.seq_id)
-        prefix = sequence.token_ids[:-1]
-        if prefix:
-            positions = torch.arange(len(prefix))[None, :]
-            ragged_forward(self.model, self.cache, slice(row, row + 1), torch.tensor([prefix]), positions)
-        self.cache.lengths[row] = len(prefix)
+        prefill_row(self.model, self.table, sequence.seq_id, sequence.token_ids[:-1])
 
     def _positions(self, start: torch.Tensor, width: int) -> torch.Tensor:
         return (start[:, None] + torch.arange(width)[None, :]).clamp(max=self.cache.max_len - 1)

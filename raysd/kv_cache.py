@@ -158,3 +158,13 @@ def ragged_forward(model, cache: RaggedKVCache, rows: slice, input_ids: torch.Te
         output = model(input_ids=input_ids, position_ids=positions, attention_mask=mask, cache=cache,
                        use_cache=True)
     return output.logits
+
+
+def prefill_row(model, table: RowTable, seq_id: str, prefix: list[int]) -> int:
+    """Give ``seq_id`` a row and run ``prefix`` (all its tokens but the pending last one) into it."""
+    row = table.add(seq_id)
+    if prefix:
+        positions = torch.arange(len(prefix))[None, :]
+        ragged_forward(model, table.cache, slice(row, row + 1), torch.tensor([prefix]), positions)
+    table.cache.lengths[row] = len(prefix)
+    return row

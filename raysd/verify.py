@@ -15,7 +15,7 @@ import torch
 
 from raysd import kernels
 from raysd.drafting import DraftProposal, sampling_tensors
-from raysd.kv_cache import RaggedKVCache, RowTable, ragged_forward
+from raysd.kv_cache import RaggedKVCache, RowTable, prefill_row, ragged_forward
 from raysd.sampling import processed_probs
 from raysd.sequence import Sequence
 
@@ -40,12 +40,7 @@ class TargetVerifier:
 
     def prefill(self, sequence: Sequence) -> None:
         """Admit a sequence: run all of its tokens but the last through the target."""
-        row = self.table.add(sequence.seq_id)
-        prefix = sequence.token_ids[:-1]
-        if prefix:
-            positions = torch.arange(len(prefix))[None, :]
-            ragged_forward(self.model, self.cache, slice(row, row + 1), torch.tensor([prefix]), positions)
-        self.cache.lengths[row] = len(prefix)
+        prefill_row(self.model, self.table, sequence.seq_id, sequence.token_ids[:-1])
 
     def logits_for(self, sequences: list[Sequence], proposal: DraftProposal) -> torch.Tensor:
         """Target logits ``[num_seqs, max_k + 1, vocab]`` at each row's last token and its drafts."""
