@@ -100,6 +100,7 @@ def cmd_probe(args) -> int:
     report = probe(pair, _read_prompts(args.prompts), k_max=args.k_max, max_tokens=args.max_tokens,
                    progress=not args.json)
     if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0

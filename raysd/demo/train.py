@@ -66,7 +66,7 @@ class DemoTrainConfig(BaseModel):
         intermediate_size=512)
     target_stage: StageSpec = StageSpec(steps=2300, batch_size=16, seq_len=256, learning_rate=2e-3)
     draft_stage: StageSpec = StageSpec(steps=600, batch_size=16, seq_len=256, learning_rate=3e-3)
-    distill_stage: StageSpec = StageSpec(steps=1000, batch_size=16, seq_len=256, learning_rate=1.5e-3,
+    distill_stage: StageSpec = StageSpec(steps=800, batch_size=16, seq_len=256, learning_rate=1.5e-3,
                                          warmup_steps=50, kl_weight=0.9)
     checkpoint_every: int = Field(default=100, gt=0, description="Steps between checkpoints.")
     threads: int = Field(default=2, gt=0, description="torch intra-op threads.")
