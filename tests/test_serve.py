@@ -151,7 +151,6 @@ def test_cluster_pressure_turns_speculation_off_and_back_on(server):
     stats = _complete(server, prompt=PROMPTS[0], max_tokens=16).json()["speculation"]
     # the gate is open again: the segment's own acceptance decides k now
     assert stats["policy_reason"] in {"adaptive", "warmup", "probe", "low_acceptance"}, stats
-    assert (stats["num_draft_tokens"] > 0) == (stats["policy_reason"] != "low_acceptance")
     health = requests.get(f"{server}/health", timeout=30).json()
     assert health["speculation_on"] and health["reason"] == "ok"
 
