@@ -150,6 +150,13 @@ def cmd_serve(args) -> int:
     config_path = args.config or default_local_config_path()
     config = ServerConfig.from_file(config_path) if config_path.exists() else ServerConfig()
     config = config.model_copy(update={"host": args.host or config.host, "port": args.port or config.port})
+    if args.dry_run:
+        from raysd.serve.app import resource_demand
+        from raysd.serve.placement import resolve_deployments
+
+        print(json.dumps({"config": str(config_path), "deployments": resolve_deployments(config),
+                          "total_resources": resource_demand(config)}, indent=2, default=str))
+        return 0
     print(f"raysd: starting a local Ray and deploying {config_path} (first start takes a minute)…", flush=True)
     url = start_local(config)
     alias = config.router.model_alias
@@ -183,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument("--config", type=Path, default=None, help="ServerConfig YAML (deployments/local.yaml)")
     serve_cmd.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     serve_cmd.add_argument("--port", type=int, default=None, help="port (default 8000)")
+    serve_cmd.add_argument("--dry-run", action="store_true",
+                           help="validate the config and print the resolved placement (replicas, bundles, "
+                                "resources) as JSON; starts nothing")
     serve_cmd.set_defaults(func=cmd_serve)
 
     generate = commands.add_parser("generate", help="decode prompts from a JSONL file")

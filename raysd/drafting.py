@@ -51,6 +51,39 @@ def sampling_tensors(sequences: list[Sequence]) -> tuple[torch.Tensor, torch.Ten
     return temperature, top_k, top_p
 
 
+def select_rows(proposal: DraftProposal, rows: list[int]) -> DraftProposal:
+    """The proposal for ``rows`` of the batch only, trimmed to the longest draft among them."""
+    index = torch.tensor(rows, dtype=torch.long)
+    num_draft = proposal.num_draft[index]
+    width = int(num_draft.max()) if len(rows) else 0
+    probs = proposal.draft_probs[index, :width] if proposal.draft_probs is not None else None
+    return DraftProposal(proposal.token_ids[index, :width], num_draft, probs, proposal.seconds,
+                         proposal.forward_steps)
+
+
+def merge_proposals(num_seqs: int, parts: list[tuple[list[int], DraftProposal]]) -> DraftProposal:
+    """One proposal for a batch of ``num_seqs`` from per-worker ``(rows, proposal)`` parts.
+
+    Rows no part covers get no drafts. Widths are padded to the longest part; ``draft_probs`` exists when
+    any part has it (zeros elsewhere, which rejection sampling never reads for undrafted slots). Timing is
+    the slowest part's (the parts ran concurrently).
+    """
+    width = max((p.token_ids.shape[1] for _, p in parts), default=0)
+    token_ids = torch.zeros(num_seqs, width, dtype=torch.long)
+    num_draft = torch.zeros(num_seqs, dtype=torch.long)
+    vocab = next((p.draft_probs.shape[2] for _, p in parts if p.draft_probs is not None), None)
+    draft_probs = torch.zeros(num_seqs, width, vocab) if vocab is not None else None
+    for rows, part in parts:
+        index = torch.tensor(rows, dtype=torch.long)
+        part_width = part.token_ids.shape[1]
+        token_ids[index, :part_width] = part.token_ids
+        num_draft[index] = part.num_draft
+        if part.draft_probs is not None:
+            draft_probs[index, :part_width] = part.draft_probs
+    slowest = max(parts, key=lambda item: item[1].seconds, default=(None, empty_proposal(0)))[1]
+    return DraftProposal(token_ids, num_draft, draft_probs, slowest.seconds, slowest.forward_steps)
+
+
 def empty_proposal(num_seqs: int) -> DraftProposal:
     """No drafts for any row (a round of plain decoding)."""
     return DraftProposal(torch.zeros(num_seqs, 0, dtype=torch.long), torch.zeros(num_seqs, dtype=torch.long),

@@ -11,10 +11,11 @@ import torch
 from raysd.config import SamplingParams
 
 _ids = itertools.count()
+_PROCESS_TAG = secrets.token_hex(4)  # sequences from different routers share target workers: ids must not clash
 
 
 def new_seq_id() -> str:
-    return f"seq-{next(_ids)}"
+    return f"seq-{_PROCESS_TAG}-{next(_ids)}"
 
 
 @dataclass

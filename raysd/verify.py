@@ -30,6 +30,24 @@ class VerifyResult:
     batch_tokens: int  # tokens in the verify forward (rows × (max_k + 1))
 
 
+def merge_results(num_seqs: int, parts: list[tuple[list[int], VerifyResult]]) -> VerifyResult:
+    """One result for a batch of ``num_seqs`` from per-target-group ``(rows, result)`` parts.
+
+    Rows no part covers are marked failed with nothing accepted. The groups ran concurrently: time is
+    the slowest group's, verified tokens add up.
+    """
+    accepted, bonus, failed = [0] * num_seqs, [0] * num_seqs, [True] * num_seqs
+    seconds = prefill_seconds = 0.0
+    batch_tokens = 0
+    for rows, part in parts:
+        for position, row in enumerate(rows):
+            accepted[row], bonus[row] = part.num_accepted[position], part.bonus_token_ids[position]
+            failed[row] = part.failed[position]
+        seconds, prefill_seconds = max(seconds, part.seconds), max(prefill_seconds, part.prefill_seconds)
+        batch_tokens += part.batch_tokens
+    return VerifyResult(accepted, bonus, failed, seconds, prefill_seconds, batch_tokens)
+
+
 class TargetVerifier:
     """Holds the target model and its per-sequence cache; verifies proposals for a batch."""
 

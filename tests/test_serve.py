@@ -40,6 +40,28 @@ def server():
 
 
 @pytest.fixture(scope="module")
+def tp2_server(server):
+    """A second app on the same cluster: the target sharded over 2 rank actors (DeepSpeed AutoTP, gloo)."""
+    from ray import serve
+
+    from raysd.serve.app import build_app
+    from raysd.serve.config import ServerConfig
+
+    config = ServerConfig.model_validate({
+        "port": PORT,
+        "target": {"model_dir": str(DEMO_TARGET), "max_model_len": 512, "tp_size": 2,
+                   "placement": {"resources": {"target_device": 1}}},
+        "draft": {"model_dir": str(DEMO_DRAFT), "max_model_len": 512,
+                  "placement": {"resources": {"draft_device": 1}}},
+        "router": {"engine": {"max_model_len": 512, "max_num_seqs": 16},
+                   "policy": {"mode": "on", "k": 4}},
+    })
+    serve.run(build_app(config), name="raysd-tp2", route_prefix="/tp2")
+    yield f"{server}/tp2"
+    serve.delete("raysd-tp2")
+
+
+@pytest.fixture(scope="module")
 def references(demo_pair):
     """Target-only greedy continuations (transformers generate) of PROMPTS, 40 tokens each."""
     refs = {}
@@ -72,6 +94,18 @@ def test_greedy_completions_are_token_identical_to_target_only(server, reference
     stats = _complete(server, prompt=PROMPTS[0], metadata={"workload": "json"}).json()["speculation"]
     assert stats["segment"] == f"completions:{MODEL}:json"
     assert stats["num_draft_tokens"] > 0  # speculation really ran through the draft worker
+
+
+def test_tensor_parallel_target_equals_single_rank_token_for_token(server, tp2_server, references):
+    for prompt, expected in references.items():
+        tp1 = _complete(server, prompt=prompt).json()["choices"][0]["token_ids"]
+        response = _complete(tp2_server, prompt=prompt)
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["choices"][0]["token_ids"] == tp1 == expected
+        assert body["speculation"]["num_draft_tokens"] > 0  # drafts verified by the sharded target
+    targets = requests.get(f"{tp2_server}/health", timeout=30).json()["workers"]["targets"]
+    assert [t["actors"] for t in targets] == [2]  # one group of two rank actors
 
 
 def test_streaming_framing_and_usage(server):
@@ -128,7 +162,7 @@ def test_non_json_body_is_400(server):
 def test_cluster_pressure_turns_speculation_off_and_back_on(server):
     from ray import serve
 
-    monitor = serve.get_deployment_handle("PressureMonitor", app_name="raysd")
+    monitor = serve.get_deployment_handle("ClusterMonitor", app_name="raysd")
     stop = threading.Event()
 
     def flood():  # another source reporting load, as a second router under traffic would
@@ -172,10 +206,17 @@ def test_killed_draft_replica_mid_stream_keeps_output_identical(server, referenc
             token_ids += chunk["choices"][0].get("token_ids", [])
             if not killed:
                 names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                         if "DraftWorker" in a["name"]]
+                         if "::raysd#DraftWorker#" in a["name"]]  # this app's, not raysd-tp2's
                 assert names, "no draft replica found"
                 ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=False)
                 killed = True
     assert token_ids == references[prompt]
     health = requests.get(f"{server}/health", timeout=30).json()
     assert health["draft_failures"] >= 1
+    deadline = time.monotonic() + 90  # Serve replaces the replica; its new draft actor registers and is used
+    while time.monotonic() < deadline:
+        stats = _complete(server, prompt=PROMPTS[0], max_tokens=16, metadata={"workload": "json"}).json()["speculation"]
+        if stats["num_draft_tokens"] > 0:
+            break
+        time.sleep(1.0)
+    assert stats["num_draft_tokens"] > 0, "speculation did not resume after the draft replica came back"

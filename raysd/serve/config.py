@@ -53,12 +53,19 @@ class DraftWorkerConfig(_Strict):
 
 class TargetWorkerConfig(_Strict):
     model_dir: Path = Field(default=DEMO_TARGET, description="Target model directory.")
-    tp_size: int = Field(default=1, ge=1, description="Tensor-parallel ranks (DeepSpeed AutoTP).")
+    tp_size: int = Field(default=1, ge=1, le=64, description="Tensor-parallel ranks (DeepSpeed AutoTP); 1 runs "
+                                                               "without any distributed set-up.")
+    rendezvous_timeout_s: float = Field(default=120.0, gt=0, description="How long ranks wait for each other "
+                                                                         "(and for a collective) before failing.")
+    shm_allreduce: bool = Field(default=False, description="CPU only: DeepSpeed's shared-memory all-reduce "
+                                                           "(compiles a C++ op on first use, ~80 s; needs a "
+                                                           "compiler). Off: plain gloo.")
     max_num_seqs: int = Field(default=64, gt=0)
     max_model_len: int = Field(default=1024, gt=1)
     k_max: int = Field(default=8, ge=1)
     threads: int = Field(default=1, gt=0)
-    placement: Placement = Placement()
+    placement: Placement = Field(default_factory=Placement, description="Resources of each rank (a replica "
+                                                                        "reserves tp_size bundles of it).")
 
     _resolve_model_dir = field_validator("model_dir")(classmethod(lambda cls, value: _repo_relative(value)))
 
@@ -89,6 +96,30 @@ class ServerConfig(_Strict):
 
     @classmethod
     def from_file(cls, path: Path) -> ServerConfig:
-        """Load YAML or JSON; a bad field fails here with its path in the message."""
+        """Load YAML or JSON; a bad field fails here with its path in the message.
+
+        Two layouts are accepted: a plain ``ServerConfig`` mapping, or a Ray Serve config file (what
+        ``serve run`` / ``serve deploy`` / KubeRay's ``serveConfigV2`` take) whose first application is built
+        by ``raysd.serve.app:app_builder``: its ``args`` are the ``ServerConfig`` and ``http_options`` give the
+        host and port.
+        """
         data = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a mapping of ServerConfig fields or a Serve config file")
+        if "applications" in data:
+            return cls.from_serve_config(data)
         return cls.model_validate(data)
+
+    @classmethod
+    def from_serve_config(cls, data: dict) -> ServerConfig:
+        """The ``ServerConfig`` inside a Serve config file (see ``from_file``)."""
+        apps = [app for app in data.get("applications") or [] if str(app.get("import_path", "")).startswith("raysd.")]
+        if len(apps) != 1:
+            raise ValueError("the Serve config must hold exactly one application with import_path "
+                             "raysd.serve.app:app_builder")
+        http = data.get("http_options") or {}
+        fields = {**(apps[0].get("args") or {})}
+        for key in ("host", "port"):
+            if key in http:
+                fields.setdefault(key, http[key])
+        return cls.model_validate(fields)

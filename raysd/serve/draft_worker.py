@@ -1,28 +1,34 @@
-"""Draft worker: hosts a drafter and its per-sequence KV caches (placeable on cheaper accelerators).
+"""Draft worker (Serve deployment): a light replica leading one ``DraftActor`` that holds the drafter.
 
-One remote call per round: ``propose`` first applies what the target accepted last round (``observed``),
-then drafts. A restarted worker has empty caches and re-prefills sequences lazily, so losing one costs
-speed, never correctness.
+The actor runs inside the replica's placement group (its bundle carries the draft device, e.g. an L4 GPU
+or the local ``draft_device`` resource) and is called directly by routers, one call per round: ``propose``
+first applies what the target accepted last round (``observed``), then drafts. A restarted worker has
+empty caches and re-prefills sequences lazily, so losing one costs speed, never correctness.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import uuid
 
+import ray
 import torch
 
 from raysd.drafting import DraftProposal, ModelDrafter, NgramDrafter
 from raysd.models import load_causal_lm
 from raysd.sequence import Sequence
+from raysd.serve.cluster import WorkerInfo, replica_tag
 from raysd.serve.config import DraftWorkerConfig
+from raysd.serve.placement import actor_options
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("raysd.draft_worker")
 
 
-class DraftWorker:
+@ray.remote(concurrency_groups={"health": 1})
+class DraftActor:
     def __init__(self, config: DraftWorkerConfig, vocab_size: int):
         torch.set_num_threads(config.threads)
-        self.config = config
         if config.drafter.kind.value == "ngram":
             self.drafter = NgramDrafter(config.drafter, vocab_size)
         else:
@@ -35,11 +41,24 @@ class DraftWorker:
             self.drafter.observe(*observed)
         return self.drafter.propose(sequences, ks)
 
-    def observe(self, seq_ids: list[str], num_accepted: list[int]) -> None:
-        self.drafter.observe(seq_ids, num_accepted)
-
     def release(self, seq_ids: list[str]) -> None:
         self.drafter.release(seq_ids)
 
-    def check_health(self) -> None:
-        return None
+    @ray.method(concurrency_group="health")
+    def ping(self) -> int:
+        return os.getpid()
+
+
+class DraftWorker:
+    def __init__(self, config: DraftWorkerConfig, vocab_size: int, monitor_handle=None):
+        self.config = config
+        self.monitor = monitor_handle
+        self.worker_id = f"draft-{replica_tag()}-{uuid.uuid4().hex[:6]}"
+        self.actor = DraftActor.options(**actor_options(config.placement, 0)).remote(config, vocab_size)
+        ray.get(self.actor.ping.remote())
+
+    async def check_health(self) -> None:
+        await self.actor.ping.remote()
+        if self.monitor is not None:
+            await self.monitor.heartbeat.remote(WorkerInfo("draft", self.worker_id, [self.actor],
+                                                           self.config.max_num_seqs))

@@ -89,14 +89,18 @@ async def _method_not_allowed(request: Request, error):
 class Router:
     """Serve ingress deployment: tokenizes, submits to the round loop, answers in OpenAI's shapes."""
 
-    def __init__(self, config: RouterConfig, tokenizer_dir: str, draft_handle, target_handle, monitor_handle):
+    def __init__(self, config: RouterConfig, tokenizer_dir: str, monitor_handle, worker_handles: list,
+                 drafts_configured: bool):
+        """``worker_handles`` (target, draft) are bound only so Serve deploys them: rounds go to the workers'
+        model actors directly, found through the monitor's cluster view."""
         self.config = config
         self.tokenizer = load_tokenizer(tokenizer_dir)
         self.monitor = monitor_handle
+        self.worker_handles = worker_handles
         self.cluster_pressure = 0.0
         self.router_id = f"router-{uuid.uuid4().hex[:8]}"
-        self.loop = RoundLoop(config, draft_handle, target_handle, self.tokenizer.eos_token_id,
-                              pressure_source=lambda: self.cluster_pressure)
+        self.loop = RoundLoop(config, self.tokenizer.eos_token_id, pressure_source=lambda: self.cluster_pressure,
+                              drafts_configured=drafts_configured)
         self._pressure_task: asyncio.Task | None = None
 
     # --------------------------------------------------------------------------------- pressure
@@ -104,15 +108,21 @@ class Router:
         while True:
             local = float(len(self.loop.engine.running) + len(self.loop.engine.waiting))
             try:
-                self.cluster_pressure = await self.monitor.report.remote(self.router_id, local)
-            except Exception as error:  # monitor restarting: fall back to our own load
-                logger.warning("pressure monitor unavailable: %s", error)
+                view = await self.monitor.report.remote(self.router_id, local)
+                self.cluster_pressure = view.pressure
+                self.loop.update_view(view)
+            except Exception as error:  # monitor restarting: fall back to our own load and last view
+                logger.warning("cluster monitor unavailable: %s", error)
                 self.cluster_pressure = local
             await asyncio.sleep(0.2)
 
     def _ensure_reporter(self) -> None:
         if self.monitor is not None and (self._pressure_task is None or self._pressure_task.done()):
             self._pressure_task = asyncio.get_running_loop().create_task(self._pressure_reporter())
+
+    async def check_health(self) -> None:
+        """Serve's periodic health check; also starts the cluster reporter as soon as the replica is up."""
+        self._ensure_reporter()
 
     # ----------------------------------------------------------------------------------- parsing
     async def _parse(self, request: Request, schema):
@@ -275,6 +285,7 @@ class Router:
 
     @api.get("/health")
     async def health(self):
+        self._ensure_reporter()
         return {"status": "ok", "cluster_pressure": self.cluster_pressure, **self.loop.state()}
 
     @api.get("/metrics")

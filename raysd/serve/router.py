@@ -1,10 +1,14 @@
-"""Router: the HTTP ingress and the continuous-batching round loop over the draft and target workers.
+"""Router: the continuous-batching round loop over draft actors and tensor-parallel target groups.
 
-The loop is a background task (not any request's task): each round it plans with the engine's policy,
-awaits one draft call and one verify call, commits, and pushes each sequence's new tokens to its
-request's queue. A draft failure or timeout turns that round into plain decoding (k = 0) — output is
-unchanged, the failure is counted, drafting resumes after ``draft_retry_s``. A target failure ends the
-round's requests promptly with a retryable error.
+The loop is a background task (not any request's task). Each round it plans with the engine's policy,
+sends each draft actor one ``propose`` for the sequences pinned to it, then each target group one
+``verify`` (to every rank of the group at once) for its sequences, commits, and pushes each sequence's new
+tokens to its request's queue. Calls go to the workers' actors directly (one actor hop, not a Serve hop).
+
+Failures: a draft call that fails or times out turns its rows into plain decoding (k = 0) — output is
+unchanged, the failure is counted, a dead draft actor is dropped and its sequences move to another draft
+(or stay undrafted); after a timeout drafting resumes after ``draft_retry_s``. A target group that fails
+ends the requests whose caches it held promptly with a retryable error; other groups carry on.
 """
 
 from __future__ import annotations
@@ -14,17 +18,22 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from ray.exceptions import RayActorError
+
 from raysd.config import SamplingParams
-from raysd.drafting import empty_proposal
-from raysd.engine import SpecEngine
+from raysd.drafting import DraftProposal, empty_proposal, merge_proposals, select_rows
+from raysd.engine import RoundPlan, SpecEngine
 from raysd.sequence import Sequence
+from raysd.serve.cluster import ClusterView
 from raysd.serve.config import RouterConfig
+from raysd.serve.workers import Worker, WorkerPool
+from raysd.verify import VerifyResult, merge_results
 
 logger = logging.getLogger("raysd.router")
 
 
 class TargetUnavailableError(RuntimeError):
-    """The target worker failed or timed out during this request's round (retryable)."""
+    """The target worker failed, timed out or is not up yet for this request (retryable)."""
 
 
 @dataclass
@@ -39,17 +48,19 @@ class RequestStream:
 class RoundLoop:
     """Drives ``SpecEngine.plan/commit`` with remote draft/verify calls."""
 
-    def __init__(self, config: RouterConfig, draft_handle, target_handle, eos_token_id: int | None,
-                 pressure_source=None):
+    def __init__(self, config: RouterConfig, eos_token_id: int | None, pressure_source=None,
+                 drafts_configured: bool = True):
         self.config = config
-        self.draft = draft_handle
-        self.target = target_handle
+        self.targets = WorkerPool("target")
+        self.drafts = WorkerPool("draft")
+        self.drafts_configured = drafts_configured
         self.engine = SpecEngine(None, None, eos_token_id, config.engine, config.policy,
                                  pressure_source=pressure_source, drafting_available=lambda: self.drafting_available)
         self.streams: dict[str, RequestStream] = {}
         self.draft_failures = 0
+        self.target_failures = 0
         self.draft_down_until = 0.0
-        self.pending_observe: tuple[list[str], list[int]] | None = None
+        self.targets_missing_since: float | None = None
         self.pending_release: list[str] = []
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -77,9 +88,23 @@ class RoundLoop:
             self.engine.running.remove(sequence)
             self.pending_release.append(seq_id)
 
+    def update_view(self, view: ClusterView) -> None:
+        """New cluster view from the monitor: adopt new workers, forget vanished ones.
+
+        Sequences pinned to a target that vanished lost their KV cache: they end with a retryable error.
+        Those pinned to a vanished draft simply get another draft (or none) next round.
+        """
+        lost = set(self.targets.update(view.workers))
+        if lost:
+            self._fail_pinned([s for s in self.engine.running if s.seq_id in lost],
+                              "the target model worker holding this request went away")
+        self.drafts.update(view.workers)
+        if self.targets.available:
+            self._wakeup.set()
+
     @property
     def drafting_available(self) -> bool:
-        return self.draft is not None and time.monotonic() >= self.draft_down_until
+        return self.drafts_configured and self.drafts.available and time.monotonic() >= self.draft_down_until
 
     def _ensure_running(self) -> None:
         if self._task is None or self._task.done():
@@ -95,59 +120,135 @@ class RoundLoop:
                     if not self.engine.has_work:
                         await self._wakeup.wait()
                     continue
+                if not self.targets.available:
+                    await self._wait_for_targets()
+                    continue
+                self.targets_missing_since = None
                 await self._round()
             except asyncio.CancelledError:
                 raise
             except Exception:  # never let the loop die: fail what was in flight, keep serving
                 logger.exception("round failed")
-                for sequence in list(self.engine.running):
-                    self._finish_with_error(sequence, TargetUnavailableError("internal error in the round loop"))
-                self.engine.running.clear()
+                self._fail_pinned(list(self.engine.running), "internal error in the round loop")
+
+    async def _wait_for_targets(self) -> None:
+        """No target group registered (starting up or all restarting): hold requests, then fail them."""
+        now = time.monotonic()
+        self.targets_missing_since = self.targets_missing_since or now
+        if now - self.targets_missing_since > self.config.target_timeout_s:
+            waiting = list(self.engine.waiting) + list(self.engine.running)
+            self.engine.waiting.clear()
+            self._fail_pinned(waiting, "no target model worker is available (starting or restarting)")
+            self.targets_missing_since = None
+            return
+        self._wakeup.clear()
+        try:
+            await asyncio.wait_for(self._wakeup.wait(), timeout=0.1)
+        except asyncio.TimeoutError:
+            pass
 
     async def _release_pending(self) -> None:
         if not self.pending_release:
             return
         ids, self.pending_release = self.pending_release, []
-        calls = [self.target.release.remote(ids)]
-        if self.draft is not None:
-            calls.append(self.draft.release.remote(ids))
-        results = await asyncio.gather(*calls, return_exceptions=True)
-        for result in results:
+        by_worker: dict[str, tuple[Worker, list[str]]] = {}
+        for seq_id in ids:
+            for pool in (self.targets, self.drafts):
+                worker = pool.forget(seq_id)
+                if worker is not None:
+                    by_worker.setdefault(worker.worker_id, (worker, []))[1].append(seq_id)
+        calls = [actor.release.remote(seq_ids) for worker, seq_ids in by_worker.values() for actor in worker.actors]
+        for result in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(result, Exception):
-                logger.warning("release of %d sequences failed: %s", len(ids), result)
+                logger.warning("release of finished sequences failed: %s", result)
 
     async def _round(self) -> None:
         await self._release_pending()
         plan = self.engine.plan()
         if plan is None:
             return
-        proposal = empty_proposal(len(plan.batch))
-        if any(plan.decision.ks):
-            try:
-                call = self.draft.propose.remote(plan.batch, plan.decision.ks, self.pending_observe)
-                proposal = await asyncio.wait_for(call, timeout=self.config.draft_timeout_s)
-                self.pending_observe = None
-            except Exception as error:  # replica died, restarting, or too slow: this round decodes plainly
-                self.draft_failures += 1
+        groups: dict[str, list[int]] = {}
+        for row, sequence in enumerate(plan.batch):
+            worker = self.targets.worker_of(sequence.seq_id)
+            if worker is None:  # every group full: the engine admitted more than the targets hold
+                self._fail_pinned([sequence], "no target model worker has room for another sequence")
+                continue
+            groups.setdefault(worker.worker_id, []).append(row)
+        proposal = await self._draft(plan, groups)
+        parts = await asyncio.gather(*[self._verify(plan, worker_id, rows, proposal)
+                                       for worker_id, rows in groups.items()])
+        parts = [part for part in parts if part is not None]
+        for row, sequence in enumerate(plan.batch):
+            if sequence.finished:
+                proposal.num_draft[row] = 0  # failed rows count no drafts in the acceptance figures
+        result = merge_results(len(plan.batch), parts)
+        self._commit(plan, proposal, result)
+
+    async def _draft(self, plan: RoundPlan, groups: dict[str, list[int]]) -> DraftProposal:
+        """One ``propose`` per draft actor for its rows with k > 0; failed rows fall back to k = 0."""
+        ks, reasons = plan.decision.ks, plan.decision.reasons
+        pinned_rows = {row for rows in groups.values() for row in rows}
+        by_draft: dict[str, list[int]] = {}
+        for row, sequence in enumerate(plan.batch):
+            if ks[row] == 0 or row not in pinned_rows:
+                ks[row] = 0
+                continue
+            worker = self.drafts.worker_of(sequence.seq_id) if self.drafting_available else None
+            if worker is None:
+                ks[row], reasons[row] = 0, "draft_unavailable"
+                continue
+            by_draft.setdefault(worker.worker_id, []).append(row)
+        if not by_draft:
+            return empty_proposal(len(plan.batch))
+        workers = [self.drafts.workers[worker_id] for worker_id in by_draft]
+        calls = []
+        for worker, rows in zip(workers, by_draft.values()):
+            observed, worker.pending_observe = worker.pending_observe, None
+            call = worker.actors[0].propose.remote([plan.batch[r] for r in rows], [ks[r] for r in rows], observed)
+            calls.append(asyncio.wait_for(call, timeout=self.config.draft_timeout_s))
+        parts = []
+        for worker, rows, outcome in zip(workers, by_draft.values(),
+                                         await asyncio.gather(*calls, return_exceptions=True)):
+            if not isinstance(outcome, Exception):
+                parts.append((rows, outcome))
+                continue
+            self.draft_failures += 1
+            if isinstance(outcome, RayActorError):  # gone for good: its replacement registers anew
+                self.drafts.drop(worker.worker_id)
+            else:  # slow or erroring: give drafting a rest
                 self.draft_down_until = time.monotonic() + self.config.draft_retry_s
-                self.pending_observe = None
-                logger.warning("draft worker unavailable (%s); continuing without speculation",
-                               type(error).__name__)
-                plan.decision.ks = [0] * len(plan.batch)
-                plan.decision.reasons = ["draft_unavailable"] * len(plan.batch)
+            logger.warning("draft worker %s unavailable (%s); %d sequences continue without speculation",
+                           worker.worker_id, type(outcome).__name__, len(rows))
+            for row in rows:
+                ks[row], reasons[row] = 0, "draft_unavailable"
+        return merge_proposals(len(plan.batch), parts)
+
+    async def _verify(self, plan: RoundPlan, worker_id: str, rows: list[int],
+                      proposal: DraftProposal) -> tuple[list[int], VerifyResult] | None:
+        """Verify ``rows`` on one target group (every rank gets the same call; rank 0's answer is used)."""
+        worker = self.targets.workers[worker_id]
+        sequences = [plan.batch[r] for r in rows]
+        part = select_rows(proposal, rows)
         try:
-            call = self.target.verify.remote(plan.batch, proposal)
-            result = await asyncio.wait_for(call, timeout=self.config.target_timeout_s)
+            calls = [rank.verify.remote(sequences, part) for rank in worker.actors]
+            results = await asyncio.wait_for(asyncio.gather(*calls), timeout=self.config.target_timeout_s)
         except Exception as error:
-            logger.error("target worker failed during a round: %s", error)
-            for sequence in plan.batch:
-                self._finish_with_error(sequence, TargetUnavailableError(
-                    f"the target model worker failed ({type(error).__name__}); retry the request"))
-            self.engine.running = [s for s in self.engine.running if s not in plan.batch]
-            self.pending_release.extend(s.seq_id for s in plan.batch)
-            return
-        if any(plan.decision.ks):
-            self.pending_observe = ([s.seq_id for s in plan.batch], result.num_accepted)
+            self.target_failures += 1
+            logger.error("target group %s failed during a round (%s: %s)", worker_id, type(error).__name__, error)
+            lost = set(self.targets.drop(worker_id))
+            self._fail_pinned([s for s in self.engine.running if s.seq_id in lost] + sequences,
+                              f"the target model worker failed ({type(error).__name__})")
+            return None
+        # greedy decisions are exact on every rank (same logits); the draft's observe rides on its next call
+        for draft in self.drafts.workers.values():
+            mine = [(s.seq_id, results[0].num_accepted[i]) for i, s in enumerate(sequences)
+                    if self.drafts.assignment.get(s.seq_id) == draft.worker_id and int(part.num_draft[i]) > 0]
+            if mine:
+                ids, accepted = draft.pending_observe or ([], [])
+                draft.pending_observe = (ids + [m[0] for m in mine], accepted + [m[1] for m in mine])
+        return rows, results[0]
+
+    def _commit(self, plan: RoundPlan, proposal: DraftProposal, result: VerifyResult) -> None:
         outputs, finished = self.engine.commit(plan, proposal, result)
         for output in outputs:
             stream = self.streams.get(output.sequence.seq_id)
@@ -161,12 +262,19 @@ class RoundLoop:
                 stream.queue.put_nowait(None)
             self.pending_release.append(sequence.seq_id)
 
-    def _finish_with_error(self, sequence: Sequence, error: Exception) -> None:
-        sequence.finish_reason = "error"
-        stream = self.streams.pop(sequence.seq_id, None)
-        if stream is not None:
-            stream.error = error
-            stream.queue.put_nowait(None)
+    def _fail_pinned(self, sequences: list[Sequence], why: str) -> None:
+        """End ``sequences`` now with a retryable error (their caches are gone or never existed)."""
+        failing = {s.seq_id for s in sequences}
+        for sequence in sequences:
+            if sequence.finished:
+                continue
+            sequence.finish_reason = "error"
+            stream = self.streams.pop(sequence.seq_id, None)
+            if stream is not None:
+                stream.error = TargetUnavailableError(f"{why}; retry the request")
+                stream.queue.put_nowait(None)
+            self.pending_release.append(sequence.seq_id)
+        self.engine.running = [s for s in self.engine.running if s.seq_id not in failing]
 
     def state(self) -> dict:
         gate = self.engine.policy.gate
@@ -177,5 +285,7 @@ class RoundLoop:
             "reason": ("draft_unavailable" if not self.drafting_available else
                        "pressure" if not gate.speculation_on else "ok"),
             "pressure": last.pressure if last else 0.0, "draft_failures": self.draft_failures,
+            "target_failures": self.target_failures,
+            "workers": {"targets": self.targets.describe(), "drafts": self.drafts.describe()},
             "acceptance": self.engine.aggregator.summary(),
         }

@@ -1,37 +1,51 @@
-"""Target worker: the target model (tensor-parallel ranks when tp_size > 1) and per-sequence KV caches.
+"""Target worker (Serve deployment): leads one tensor-parallel group of ``tp_size`` rank actors.
 
-``verify`` admits unknown sequences (prefill) and verifies a round's drafts in one forward.
+The replica holds no model. It starts the ranks inside its placement group (one bundle per rank, STRICT_PACK),
+sets them up concurrently (the DeepSpeed rendezvous needs every rank at once; tp_size 1 skips the
+distributed set-up), and from then on only watches them: its health check pings every rank and heartbeats
+the group to the cluster monitor, which is how routers find the ranks and call them directly each round.
+A dead rank fails the health check; Serve then replaces the replica, which frees the group and starts a
+fresh one. Sequences whose KV caches were on the lost group end with a retryable error at the router.
 """
 
 from __future__ import annotations
 
-import torch
+import asyncio
+import logging
+import uuid
 
-from raysd.drafting import DraftProposal
-from raysd.models import load_causal_lm
-from raysd.sequence import Sequence
+import ray
+
+from raysd.serve.cluster import WorkerInfo, replica_tag
 from raysd.serve.config import TargetWorkerConfig
-from raysd.verify import TargetVerifier, VerifyResult
+from raysd.serve.placement import actor_options
+from raysd.serve.target_rank import TargetRank
+
+logger = logging.getLogger("raysd.target_worker")
 
 
 class TargetWorker:
-    def __init__(self, config: TargetWorkerConfig):
-        torch.set_num_threads(config.threads)
+    def __init__(self, config: TargetWorkerConfig, monitor_handle=None):
         self.config = config
-        if config.tp_size != 1:
-            raise NotImplementedError("tensor parallelism (tp_size > 1) is not implemented yet; use tp_size: 1")
-        model = load_causal_lm(config.model_dir)
-        self.verifier = TargetVerifier(model, config.max_num_seqs, config.max_model_len, config.k_max)
+        self.monitor = monitor_handle
+        self.worker_id = f"target-{replica_tag()}-{uuid.uuid4().hex[:6]}"
+        self.ranks = [TargetRank.options(**actor_options(config.placement, rank)).remote(config, rank)
+                      for rank in range(config.tp_size)]
+        if config.tp_size > 1:
+            address, port = ray.get(self.ranks[0].node_address.remote())
+            setups = [rank.setup.remote(address, port) for rank in self.ranks]  # all at once: rendezvous
+        else:
+            setups = [self.ranks[0].setup.remote()]
+        self.rank_info = ray.get(setups, timeout=config.rendezvous_timeout_s + 120)
+        logger.info("target group %s ready: %s", self.worker_id, self.rank_info)
 
-    def verify(self, sequences: list[Sequence], proposal: DraftProposal) -> VerifyResult:
-        return self.verifier.verify(sequences, proposal)
+    def describe(self) -> dict:
+        return {"worker_id": self.worker_id, "tp_size": self.config.tp_size, "ranks": self.rank_info}
 
-    def release(self, seq_ids: list[str]) -> None:
-        self.verifier.release(seq_ids)
-
-    def load(self) -> dict:
-        """Sequences held and rows per verify step (what the pressure monitor aggregates)."""
-        return {"sequences": len(self.verifier.table)}
-
-    def check_health(self) -> None:
-        return None
+    async def check_health(self) -> None:
+        """Every rank answers (else Serve restarts this replica and its group); then heartbeat."""
+        await asyncio.gather(*[rank.ping.remote() for rank in self.ranks])
+        if self.monitor is not None:
+            held = await self.ranks[0].num_sequences.remote()
+            await self.monitor.heartbeat.remote(WorkerInfo(
+                "target", self.worker_id, list(self.ranks), self.config.max_num_seqs, {"sequences": held}))
