@@ -59,9 +59,13 @@ class SpecDecodeAggregator:
     def __init__(self):
         self.segments: dict[str, SegmentTotals] = {}
         self.rounds = 0
+        self.round_seconds = 0.0  # wall time of rounds, plan to commit
+        self.model_seconds = 0.0  # of which drafting, prefill and verification took (measured where they ran)
 
     def add(self, stats: RoundStats) -> None:
         self.rounds += 1
+        self.round_seconds += stats.round_seconds
+        self.model_seconds += stats.draft_seconds + stats.prefill_seconds + stats.verify_seconds
         for segment, drafted, accepted, emitted in zip(stats.segments, stats.drafted, stats.accepted,
                                                        stats.emitted):
             totals = self.segments.setdefault(segment, SegmentTotals())
@@ -72,6 +76,15 @@ class SpecDecodeAggregator:
                 totals.num_accepted_tokens += accepted
                 for position in range(accepted):
                     totals.accepted_per_position[position] += 1
+
+    def timing(self) -> dict[str, float | int]:
+        """Mean round time and its overhead: what is not model work (scheduling, and remote-call hops when
+        the draft and verify ran in other processes)."""
+        rounds = max(self.rounds, 1)
+        return {"rounds": self.rounds, "round_seconds": self.round_seconds, "model_seconds": self.model_seconds,
+                "mean_round_ms": 1000 * self.round_seconds / rounds,
+                "mean_model_ms": 1000 * self.model_seconds / rounds,
+                "mean_overhead_ms": 1000 * (self.round_seconds - self.model_seconds) / rounds}
 
     def summary(self) -> dict[str, dict]:
         return {

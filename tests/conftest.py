@@ -28,3 +28,29 @@ def tiny_pair():
 
     target = tiny_llama(0)
     return target, perturbed_copy(target, seed=1, scale=0.05)
+
+
+SERVE_PORT = 8123
+
+
+@pytest.fixture(scope="session")
+def serve_url():
+    """One real local Ray + Serve app on the demo pair for the whole session (Ray starts once)."""
+    import ray
+    from ray import serve
+
+    from raysd.serve.app import start_local
+    from raysd.serve.config import ServerConfig
+
+    config = ServerConfig.model_validate({
+        "port": SERVE_PORT,
+        "target": {"model_dir": str(DEMO_TARGET), "max_model_len": 512},
+        "draft": {"model_dir": str(DEMO_DRAFT), "max_model_len": 512},
+        "router": {"engine": {"max_model_len": 512, "max_num_seqs": 16},
+                   "policy": {"mode": "adaptive", "warmup_rounds": 2, "pressure_high": 40, "pressure_low": 20},
+                   "draft_timeout_s": 5.0, "draft_retry_s": 1.0},
+    })
+    url = start_local(config, num_cpus=2)
+    yield url
+    serve.shutdown()
+    ray.shutdown()

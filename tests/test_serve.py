@@ -7,36 +7,19 @@ import time
 import pytest
 import requests
 import torch
+from conftest import SERVE_PORT as PORT
 
 from raysd.models import DEMO_DRAFT, DEMO_TARGET
 
 pytestmark = pytest.mark.slow
-PORT = 8123
 MODEL = "raysd-demo"
 PROMPTS = ['{"order_id": "ord_1234567", "customer_id": ', "def parse_header(line):\n    ",
            "The meaning of the word"]
 
 
 @pytest.fixture(scope="module")
-def server():
-    import ray
-    from ray import serve
-
-    from raysd.serve.app import start_local
-    from raysd.serve.config import ServerConfig
-
-    config = ServerConfig.model_validate({
-        "port": PORT,
-        "target": {"model_dir": str(DEMO_TARGET), "max_model_len": 512},
-        "draft": {"model_dir": str(DEMO_DRAFT), "max_model_len": 512},
-        "router": {"engine": {"max_model_len": 512, "max_num_seqs": 16},
-                   "policy": {"mode": "adaptive", "warmup_rounds": 2, "pressure_high": 40, "pressure_low": 20},
-                   "draft_timeout_s": 5.0, "draft_retry_s": 1.0},
-    })
-    url = start_local(config, num_cpus=2)
-    yield url
-    serve.shutdown()
-    ray.shutdown()
+def server(serve_url):
+    return serve_url
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +37,7 @@ def tp2_server(server):
         "draft": {"model_dir": str(DEMO_DRAFT), "max_model_len": 512,
                   "placement": {"resources": {"draft_device": 1}}},
         "router": {"engine": {"max_model_len": 512, "max_num_seqs": 16},
-                   "policy": {"mode": "on", "k": 4}},
+                   "policy": {"mode": "on", "k": 4}, "target_timeout_s": 60.0},
     })
     serve.run(build_app(config), name="raysd-tp2", route_prefix="/tp2")
     yield f"{server}/tp2"
@@ -220,3 +203,35 @@ def test_killed_draft_replica_mid_stream_keeps_output_identical(server, referenc
             break
         time.sleep(1.0)
     assert stats["num_draft_tokens"] > 0, "speculation did not resume after the draft replica came back"
+
+
+def test_killed_target_rank_fails_its_request_with_a_retryable_error_then_recovers(tp2_server, references):
+    """Runs last on the TP=2 app: killing rank 1 mid-stream ends the stream with an error event (no hang:
+    the read timeout is below the router's target timeout), then the replaced group serves again."""
+    import ray
+    from ray import serve
+
+    view = serve.get_deployment_handle("ClusterMonitor", app_name="raysd-tp2").view.remote().result()
+    (group,) = [w for w in view.workers.values() if w.kind == "target"]
+    payload = {"model": MODEL, "prompt": PROMPTS[2], "temperature": 0, "max_tokens": 300, "ignore_eos": True,
+               "stream": True}
+    events = []
+    with requests.post(f"{tp2_server}/v1/completions", json=payload, stream=True, timeout=20) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line:
+                events.append(line.decode())
+                if len(events) == 1:
+                    ray.kill(group.actors[1])
+    assert events[-1] == "data: [DONE]"
+    errors = [json.loads(e[6:])["error"] for e in events if e.startswith("data: {") and '"error"' in e]
+    assert errors and errors[0]["code"] == "worker_unavailable" and "retry" in errors[0]["message"]
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:  # Serve replaces the replica; a fresh group rendezvous and registers
+        response = _complete(tp2_server, prompt=PROMPTS[0])
+        if response.status_code == 200:
+            break
+        assert response.status_code == 503 and response.json()["error"]["code"] == "worker_unavailable"
+        time.sleep(2.0)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["token_ids"] == references[PROMPTS[0]]

@@ -145,7 +145,8 @@ class Router:
                            param="model", code="model_not_found")
         return parsed
 
-    def _sampling(self, parsed, prompt_len: int, max_tokens: int | None, route: str) -> tuple[SamplingParams, str]:
+    def _sampling(self, parsed, prompt_len: int, max_tokens: int | None, route: str,
+                  workload_header: str | None = None) -> tuple[SamplingParams, str]:
         limit = self.config.engine.max_model_len
         if prompt_len >= limit:
             raise APIError(400, f"prompt is {prompt_len} tokens; the context is {limit} tokens",
@@ -159,7 +160,11 @@ class Router:
             max_tokens=max_tokens, temperature=parsed.temperature, top_p=parsed.top_p,
             top_k=max(parsed.top_k, 0), seed=parsed.seed, ignore_eos=parsed.ignore_eos,
             speculation=SpeculationMode.off if parsed.speculation == "off" else None)
-        segment = f"{route}:{self.config.model_alias}:{parsed.workload or 'default'}"
+        workload = parsed.workload or workload_header or "default"
+        if len(workload) > 64 or not all(c.isalnum() or c in "-_." for c in workload):
+            raise APIError(400, "workload tag must be 1-64 characters of letters, digits, '-', '_' or '.'",
+                           param="metadata.workload", code="invalid_value")
+        segment = f"{route}:{self.config.model_alias}:{workload}"
         return params, segment
 
     # ------------------------------------------------------------------------------- generation
@@ -195,8 +200,10 @@ class Router:
             num_spec_steps=stats.spec_rounds, num_rounds=stats.rounds, policy_reason=stats.last_reason,
             segment=stream.sequence.segment)
 
-    async def _respond(self, parsed, prompt_ids: list[int], max_tokens: int | None, route: str, chat: bool):
-        params, segment = self._sampling(parsed, len(prompt_ids), max_tokens, route)
+    async def _respond(self, parsed, prompt_ids: list[int], max_tokens: int | None, route: str, chat: bool,
+                       request: Request):
+        params, segment = self._sampling(parsed, len(prompt_ids), max_tokens, route,
+                                         request.headers.get("x-raysd-workload"))
         self._ensure_reporter()
         stream = self.loop.submit(prompt_ids, params, segment)
         if parsed.stream:
@@ -264,7 +271,8 @@ class Router:
             prompt_ids = parsed.prompt if isinstance(parsed.prompt, list) else self.tokenizer.encode(parsed.prompt)
             if any(not 0 <= token < len(self.tokenizer) for token in prompt_ids):
                 raise APIError(400, f"prompt token ids must be in [0, {len(self.tokenizer)})", param="prompt")
-            return await self._respond(parsed, prompt_ids, parsed.max_tokens, "completions", chat=False)
+            return await self._respond(parsed, prompt_ids, parsed.max_tokens, "completions", chat=False,
+                                       request=request)
         except APIError as error:
             return error.response()
 
@@ -274,7 +282,7 @@ class Router:
             parsed = await self._parse(request, ChatCompletionRequest)
             prompt_ids = self.tokenizer.encode(render_chat(parsed.messages, self.tokenizer))
             max_tokens = parsed.max_completion_tokens or parsed.max_tokens
-            return await self._respond(parsed, prompt_ids, max_tokens, "chat", chat=True)
+            return await self._respond(parsed, prompt_ids, max_tokens, "chat", chat=True, request=request)
         except APIError as error:
             return error.response()
 

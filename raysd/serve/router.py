@@ -288,4 +288,5 @@ class RoundLoop:
             "target_failures": self.target_failures,
             "workers": {"targets": self.targets.describe(), "drafts": self.drafts.describe()},
             "acceptance": self.engine.aggregator.summary(),
+            "round_timing": self.engine.aggregator.timing(),
         }
