@@ -158,22 +158,26 @@ def cmd_serve(args) -> int:
                           "total_resources": resource_demand(config)}, indent=2, default=str))
         return 0
     print(f"raysd: starting a local Ray and deploying {config_path} (first start takes a minute)…", flush=True)
-    url = start_local(config)
-    alias = config.router.model_alias
-    print(f"\nraysd is serving {alias!r} at {url}  (OpenAI-compatible; Ctrl-C stops it)\n\n"
-          f"  curl {url}/v1/completions -H 'Content-Type: application/json' \\\n"
-          f"    -d '{{\"model\": \"{alias}\", \"prompt\": \"def fibonacci(n):\", \"max_tokens\": 48, "
-          f"\"temperature\": 0}}'\n", flush=True)
-    stopped = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: stopped.set())
-    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
-    stopped.wait()
-    print("raysd: shutting down", flush=True)
     import ray
     from ray import serve
 
-    serve.shutdown()
-    ray.shutdown()
+    try:  # Ctrl-C while starting raises KeyboardInterrupt; once serving, the handlers below end the wait
+        url = start_local(config)
+        alias = config.router.model_alias
+        print(f"\nraysd is serving {alias!r} at {url}  (OpenAI-compatible; Ctrl-C stops it)\n\n"
+              f"  curl {url}/v1/completions -H 'Content-Type: application/json' \\\n"
+              f"    -d '{{\"model\": \"{alias}\", \"prompt\": \"def fibonacci(n):\", \"max_tokens\": 48, "
+              f"\"temperature\": 0}}'\n", flush=True)
+        stopped = threading.Event()
+        signal.signal(signal.SIGINT, lambda *_: stopped.set())
+        signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+        stopped.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        print("raysd: shutting down", flush=True)
+        serve.shutdown()
+        ray.shutdown()
     return 0
 
 
