@@ -16,6 +16,7 @@ from raysd.serve.draft_worker import DraftWorker
 from raysd.serve.ingress import Router
 from raysd.serve.placement import deployment_options, resolve_deployments
 from raysd.serve.target_worker import TargetWorker
+from raysd.telemetry import otel_env
 
 logger = logging.getLogger("raysd.serve")
 APP_NAME = "raysd"
@@ -37,13 +38,14 @@ def _worker_deployment(cls, name: str, placement, num_actors: int, runtime_env: 
                             health_check_timeout_s=30, logging_config=QUIET, **options)
 
 
-def build_app(config: ServerConfig) -> Application:
+def build_app(config: ServerConfig, telemetry_env: dict[str, str] | None = None) -> Application:
     """Router ← (ClusterMonitor ← TargetWorker, DraftWorker), handles passed through ``.bind()``.
 
     Workers register their model actors with the monitor; routers learn them from it and call the actors
     directly each round. The worker handles are bound into the router only so Serve deploys them.
+    ``telemetry_env``: the ``OTEL_*`` variables every replica and model actor gets (default: this process's).
     """
-    runtime_env = {"env_vars": WORKER_ENV}
+    runtime_env = {"env_vars": {**WORKER_ENV, **(otel_env() if telemetry_env is None else telemetry_env)}}
     target_cfg = config.target
     monitor = serve.deployment(ClusterMonitor, name="ClusterMonitor", max_ongoing_requests=1000, logging_config=QUIET,
                                ray_actor_options={"num_cpus": 0, "runtime_env": runtime_env}).bind(STALE_AFTER_S)

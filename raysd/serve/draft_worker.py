@@ -21,6 +21,7 @@ from raysd.sequence import Sequence
 from raysd.serve.cluster import WorkerInfo, replica_tag
 from raysd.serve.config import DraftWorkerConfig
 from raysd.serve.placement import actor_options
+from raysd.telemetry import remote_span
 
 logger = logging.getLogger("raysd.draft_worker")
 
@@ -36,10 +37,16 @@ class DraftActor:
             self.drafter = ModelDrafter(model, config.max_num_seqs, config.max_model_len, config.k_max)
 
     def propose(self, sequences: list[Sequence], ks: list[int],
-                observed: tuple[list[str], list[int]] | None = None) -> DraftProposal:
-        if observed is not None:
-            self.drafter.observe(*observed)
-        return self.drafter.propose(sequences, ks)
+                observed: tuple[list[str], list[int]] | None = None,
+                trace_carrier: dict[str, str] | None = None) -> DraftProposal:
+        """Apply last round's acceptance (``observed``), then draft ``ks[i]`` tokens for ``sequences[i]``.
+        ``trace_carrier``: the round's span context; the draft work is recorded as its child span."""
+        attributes = {"raysd.draft.rows": len(sequences), "raysd.draft.max_k": max(ks, default=0),
+                      "raysd.draft.tokens": sum(ks), "raysd.worker.pid": os.getpid()}
+        with remote_span("raysd.draft", trace_carrier, attributes):
+            if observed is not None:
+                self.drafter.observe(*observed)
+            return self.drafter.propose(sequences, ks)
 
     def release(self, seq_ids: list[str]) -> None:
         self.drafter.release(seq_ids)

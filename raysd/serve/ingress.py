@@ -8,6 +8,7 @@ status (503 for a retryable server-side failure).
 import asyncio
 import json
 import logging
+import time
 import uuid
 
 from fastapi import FastAPI, Request
@@ -34,7 +35,8 @@ from raysd.api import (
 from raysd.config import SamplingParams, SpeculationMode
 from raysd.models import load_tokenizer
 from raysd.serve.config import RouterConfig
-from raysd.serve.metrics_text import render_prometheus
+from raysd.serve.metrics_export import ServingMetrics
+from raysd.serve.request_trace import end_request_span, start_request_span
 from raysd.serve.router import RequestStream, RoundLoop
 from raysd.serve.text import IncrementalDetokenizer
 
@@ -102,6 +104,8 @@ class Router:
         self.loop = RoundLoop(config, self.tokenizer.eos_token_id, pressure_source=lambda: self.cluster_pressure,
                               drafts_configured=drafts_configured)
         self._pressure_task: asyncio.Task | None = None
+        self.metrics = ServingMetrics()
+        self.loop.on_round.append(self.metrics.record_round)
 
     # --------------------------------------------------------------------------------- pressure
     async def _pressure_reporter(self) -> None:
@@ -114,6 +118,7 @@ class Router:
             except Exception as error:  # monitor restarting: fall back to our own load and last view
                 logger.warning("cluster monitor unavailable: %s", error)
                 self.cluster_pressure = local
+            self.metrics.update_state(self._state())
             await asyncio.sleep(0.2)
 
     def _ensure_reporter(self) -> None:
@@ -168,12 +173,21 @@ class Router:
         return params, segment
 
     # ------------------------------------------------------------------------------- generation
-    async def _collect(self, stream: RequestStream, stops: list[str]):
-        """Yield ``(text_delta, token_ids_delta)`` until the sequence ends; enforces stop strings."""
+    async def _collect(self, stream: RequestStream, stops: list[str], started: float):
+        """Yield ``(text_delta, token_ids_delta)`` until the sequence ends; enforces stop strings; records
+        time to first token (from ``started``, the request's arrival) and the gap before each burst."""
         detokenizer = IncrementalDetokenizer(self.tokenizer, stops)
+        segment, last = stream.sequence.segment, None
         try:
             while True:
                 burst = await stream.queue.get()
+                now = time.perf_counter()
+                if burst:
+                    if last is None:
+                        self.metrics.observe_ttft(segment, now - started)
+                    else:
+                        self.metrics.observe_gap(segment, now - last)
+                    last = now
                 if burst is None:
                     if stream.error is not None:
                         raise APIError(503, str(stream.error), type_="service_unavailable",
@@ -201,34 +215,40 @@ class Router:
             segment=stream.sequence.segment)
 
     async def _respond(self, parsed, prompt_ids: list[int], max_tokens: int | None, route: str, chat: bool,
-                       request: Request):
+                       request: Request, started: float):
         params, segment = self._sampling(parsed, len(prompt_ids), max_tokens, route,
                                          request.headers.get("x-raysd-workload"))
         self._ensure_reporter()
-        stream = self.loop.submit(prompt_ids, params, segment)
+        span = start_request_span(request.headers, "chat" if chat else "text_completion", parsed,
+                                  len(prompt_ids), segment)
+        stream = self.loop.submit(prompt_ids, params, segment, span=span)
         if parsed.stream:
-            return StreamingResponse(self._sse(parsed, stream, chat), media_type="text/event-stream")
+            return StreamingResponse(self._sse(parsed, stream, chat, started), media_type="text/event-stream")
         text, token_ids = "", []
-        async for delta, ids in self._collect(stream, parsed.stop_list):
-            text += delta
-            token_ids += ids
+        try:
+            async for delta, ids in self._collect(stream, parsed.stop_list, started):
+                text += delta
+                token_ids += ids
+        except APIError as error:
+            end_request_span(span, len(token_ids), "error", None, error.message)
+            raise
         sequence = stream.sequence
         token_ids = sequence.output_token_ids if not parsed.stop_list else token_ids
         usage = Usage(prompt_tokens=len(prompt_ids), completion_tokens=len(token_ids),
                       total_tokens=len(prompt_ids) + len(token_ids))
         extra = {"prompt_token_ids": prompt_ids, "token_ids": token_ids} if parsed.return_token_ids else {}
         finish = sequence.finish_reason
+        stats = self._stats(stream)
+        end_request_span(span, len(token_ids), finish, stats.model_dump())
         if chat:
             choice = ChatChoice(message=ChatChoiceMessage(content=text), finish_reason=finish, **extra)
-            response = ChatCompletionResponse(model=parsed.model, choices=[choice], usage=usage,
-                                              speculation=self._stats(stream))
+            response = ChatCompletionResponse(model=parsed.model, choices=[choice], usage=usage, speculation=stats)
         else:
             choice = CompletionChoice(text=text, finish_reason=finish, **extra)
-            response = CompletionResponse(model=parsed.model, choices=[choice], usage=usage,
-                                          speculation=self._stats(stream))
+            response = CompletionResponse(model=parsed.model, choices=[choice], usage=usage, speculation=stats)
         return JSONResponse(response.model_dump(exclude_none=True))
 
-    async def _sse(self, parsed, stream: RequestStream, chat: bool):
+    async def _sse(self, parsed, stream: RequestStream, chat: bool, started: float):
         response_id = new_id("chatcmpl" if chat else "cmpl")
         kind = "chat.completion.chunk" if chat else "text_completion"
         prompt_len = len(stream.sequence.prompt_token_ids)
@@ -245,16 +265,21 @@ class Router:
             body = {"id": response_id, "object": kind, "model": parsed.model, "choices": [choice]}
             return f"data: {json.dumps(body)}\n\n"
 
-        first = True
+        first, error_message = True, "client disconnected"
         try:
-            async for delta, ids in self._collect(stream, parsed.stop_list):
+            async for delta, ids in self._collect(stream, parsed.stop_list, started):
                 emitted += len(ids)
                 yield chunk(delta, ids, None, first)
                 first = False
+            error_message = None
         except APIError as error:
+            error_message = error.message
             yield f"data: {json.dumps({'error': ErrorDetail(message=error.message, type=error.type, code=error.code).model_dump()})}\n\n"  # noqa: E501
             yield "data: [DONE]\n\n"
             return
+        finally:
+            end_request_span(stream.span, emitted, stream.sequence.finish_reason, self._stats(stream).model_dump(),
+                             error_message)
         yield chunk("", [], stream.sequence.finish_reason)
         if parsed.stream_options is not None and parsed.stream_options.include_usage:
             usage = Usage(prompt_tokens=prompt_len, completion_tokens=emitted, total_tokens=prompt_len + emitted)
@@ -266,23 +291,26 @@ class Router:
     # ----------------------------------------------------------------------------------- routes
     @api.post("/v1/completions")
     async def completions(self, request: Request):
+        started = time.perf_counter()
         try:
             parsed = await self._parse(request, CompletionRequest)
             prompt_ids = parsed.prompt if isinstance(parsed.prompt, list) else self.tokenizer.encode(parsed.prompt)
             if any(not 0 <= token < len(self.tokenizer) for token in prompt_ids):
                 raise APIError(400, f"prompt token ids must be in [0, {len(self.tokenizer)})", param="prompt")
             return await self._respond(parsed, prompt_ids, parsed.max_tokens, "completions", chat=False,
-                                       request=request)
+                                       request=request, started=started)
         except APIError as error:
             return error.response()
 
     @api.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
+        started = time.perf_counter()
         try:
             parsed = await self._parse(request, ChatCompletionRequest)
             prompt_ids = self.tokenizer.encode(render_chat(parsed.messages, self.tokenizer))
             max_tokens = parsed.max_completion_tokens or parsed.max_tokens
-            return await self._respond(parsed, prompt_ids, max_tokens, "chat", chat=True, request=request)
+            return await self._respond(parsed, prompt_ids, max_tokens, "chat", chat=True, request=request,
+                                       started=started)
         except APIError as error:
             return error.response()
 
@@ -294,8 +322,11 @@ class Router:
     @api.get("/health")
     async def health(self):
         self._ensure_reporter()
-        return {"status": "ok", "cluster_pressure": self.cluster_pressure, **self.loop.state()}
+        return {"status": "ok", **self._state()}
+
+    def _state(self) -> dict:
+        return {"cluster_pressure": self.cluster_pressure, **self.loop.state()}
 
     @api.get("/metrics")
     async def metrics(self):
-        return PlainTextResponse(render_prometheus(self.loop), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(self.metrics.render(self._state()), media_type="text/plain; version=0.0.4")

@@ -17,6 +17,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from ray.exceptions import RayActorError
 
@@ -26,6 +27,7 @@ from raysd.engine import RoundPlan, SpecEngine
 from raysd.sequence import Sequence
 from raysd.serve.cluster import ClusterView
 from raysd.serve.config import RouterConfig
+from raysd.serve.round_trace import RoundTracer
 from raysd.serve.workers import Worker, WorkerPool
 from raysd.verify import VerifyResult, merge_results
 
@@ -43,6 +45,7 @@ class RequestStream:
     sequence: Sequence
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     error: Exception | None = None
+    span: Any = None  # the request's OpenTelemetry span (round spans go under it); None when not traced
 
 
 class RoundLoop:
@@ -64,11 +67,14 @@ class RoundLoop:
         self.pending_release: list[str] = []
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self.round_tracer = RoundTracer()
+        self.on_round: list = []  # callbacks(RoundStats) after each committed round (metrics exporters)
 
     # ----------------------------------------------------------------------------------- requests
-    def submit(self, prompt_token_ids: list[int], params: SamplingParams, segment: str) -> RequestStream:
+    def submit(self, prompt_token_ids: list[int], params: SamplingParams, segment: str,
+               span: Any = None) -> RequestStream:
         sequence = self.engine.add(prompt_token_ids, params, segment)
-        stream = RequestStream(sequence)
+        stream = RequestStream(sequence, span=span)
         self.streams[sequence.seq_id] = stream
         self._ensure_running()
         self._wakeup.set()
@@ -174,17 +180,31 @@ class RoundLoop:
                 self._fail_pinned([sequence], "no target model worker has room for another sequence")
                 continue
             groups.setdefault(worker.worker_id, []).append(row)
-        proposal = await self._draft(plan, groups)
-        parts = await asyncio.gather(*[self._verify(plan, worker_id, rows, proposal)
-                                       for worker_id, rows in groups.items()])
-        parts = [part for part in parts if part is not None]
-        for row, sequence in enumerate(plan.batch):
-            if sequence.finished:
-                proposal.num_draft[row] = 0  # failed rows count no drafts in the acceptance figures
-        result = merge_results(len(plan.batch), parts)
-        self._commit(plan, proposal, result)
+        spans = self.round_tracer.start([self._request_span(s) for s in plan.batch])
+        carrier = spans.carrier if spans is not None else None
+        try:
+            proposal = await self._draft(plan, groups, carrier)
+            parts = await asyncio.gather(*[self._verify(plan, worker_id, rows, proposal, carrier)
+                                           for worker_id, rows in groups.items()])
+            parts = [part for part in parts if part is not None]
+            for row, sequence in enumerate(plan.batch):
+                if sequence.finished:
+                    proposal.num_draft[row] = 0  # failed rows count no drafts in the acceptance figures
+            result = merge_results(len(plan.batch), parts)
+            self._commit(plan, proposal, result)
+        except BaseException as error:
+            self.round_tracer.end(spans, None, f"{type(error).__name__}: {error}")
+            raise
+        self.round_tracer.end(spans, self.engine.last_round)
+        for callback in self.on_round:
+            callback(self.engine.last_round)
 
-    async def _draft(self, plan: RoundPlan, groups: dict[str, list[int]]) -> DraftProposal:
+    def _request_span(self, sequence: Sequence):
+        stream = self.streams.get(sequence.seq_id)
+        return stream.span if stream is not None else None
+
+    async def _draft(self, plan: RoundPlan, groups: dict[str, list[int]],
+                     carrier: dict[str, str] | None = None) -> DraftProposal:
         """One ``propose`` per draft actor for its rows with k > 0; failed rows fall back to k = 0."""
         ks, reasons = plan.decision.ks, plan.decision.reasons
         pinned_rows = {row for rows in groups.values() for row in rows}
@@ -204,7 +224,8 @@ class RoundLoop:
         calls = []
         for worker, rows in zip(workers, by_draft.values()):
             observed, worker.pending_observe = worker.pending_observe, None
-            call = worker.actors[0].propose.remote([plan.batch[r] for r in rows], [ks[r] for r in rows], observed)
+            call = worker.actors[0].propose.remote([plan.batch[r] for r in rows], [ks[r] for r in rows], observed,
+                                                   carrier)
             calls.append(asyncio.wait_for(call, timeout=self.config.draft_timeout_s))
         parts = []
         for worker, rows, outcome in zip(workers, by_draft.values(),
@@ -223,14 +244,14 @@ class RoundLoop:
                 ks[row], reasons[row] = 0, "draft_unavailable"
         return merge_proposals(len(plan.batch), parts)
 
-    async def _verify(self, plan: RoundPlan, worker_id: str, rows: list[int],
-                      proposal: DraftProposal) -> tuple[list[int], VerifyResult] | None:
+    async def _verify(self, plan: RoundPlan, worker_id: str, rows: list[int], proposal: DraftProposal,
+                      carrier: dict[str, str] | None = None) -> tuple[list[int], VerifyResult] | None:
         """Verify ``rows`` on one target group (every rank gets the same call; rank 0's answer is used)."""
         worker = self.targets.workers[worker_id]
         sequences = [plan.batch[r] for r in rows]
         part = select_rows(proposal, rows)
         try:
-            calls = [rank.verify.remote(sequences, part) for rank in worker.actors]
+            calls = [rank.verify.remote(sequences, part, carrier) for rank in worker.actors]
             results = await asyncio.wait_for(asyncio.gather(*calls), timeout=self.config.target_timeout_s)
         except Exception as error:
             self.target_failures += 1

@@ -21,6 +21,7 @@ from raysd.drafting import DraftProposal
 from raysd.models import load_causal_lm
 from raysd.sequence import Sequence
 from raysd.serve.config import TargetWorkerConfig
+from raysd.telemetry import remote_span
 from raysd.tensor_parallel import free_port, join_group, shard
 from raysd.verify import TargetVerifier, VerifyResult
 
@@ -54,8 +55,19 @@ class TargetRank:
         return {"rank": self.rank, "backend": backend, "parameters": parameters, "pid": os.getpid(),
                 "kv_heads": self.verifier.cache.layers[0].keys.shape[1]}
 
-    def verify(self, sequences: list[Sequence], proposal: DraftProposal) -> VerifyResult:
-        return self.verifier.verify(sequences, proposal)
+    def verify(self, sequences: list[Sequence], proposal: DraftProposal,
+               trace_carrier: dict[str, str] | None = None) -> VerifyResult:
+        """Verify ``proposal`` for ``sequences`` (rows in order); ``trace_carrier``: the round's span
+        context — this rank's verify work is recorded as its child span."""
+        attributes = {"raysd.verify.rows": len(sequences), "raysd.verify.max_k": int(proposal.token_ids.shape[1]),
+                      "raysd.tp.rank": self.rank, "raysd.tp.size": self.config.tp_size,
+                      "raysd.worker.pid": os.getpid()}
+        with remote_span("raysd.verify", trace_carrier, attributes) as span:
+            result = self.verifier.verify(sequences, proposal)
+            if span is not None:
+                span.set_attribute("raysd.verify.accepted", sum(result.num_accepted))
+                span.set_attribute("raysd.verify.prefill_seconds", result.prefill_seconds)
+            return result
 
     def release(self, seq_ids: list[str]) -> None:
         self.verifier.release(seq_ids)
