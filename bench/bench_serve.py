@@ -9,6 +9,7 @@ the actors (draft + prefill + verify), i.e. the scheduling and the remote-call h
 
     python bench/bench_serve.py            # writes bench/results/serve.json and docs/bench_serve.md
     python bench/bench_serve.py --quick    # fewer prompts / tokens (smoke run)
+    python bench/bench_serve.py --tracing  # tracing on vs off (same cluster, interleaved) → serve_tracing.json
 """
 
 from __future__ import annotations
@@ -81,6 +82,45 @@ def distributed(url: str, workload: str, batch: int, count: int, max_tokens: int
     return {"tokens_per_second": sum(map(len, outputs)) / seconds, "timing": timing, "outputs": outputs}
 
 
+def _discarding_otlp_receiver() -> str:
+    """A local OTLP/HTTP endpoint that accepts and drops spans (the exporters do their full work)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def tracing_overhead(config, url: str, k: int, repeats: int, max_tokens: int) -> dict:
+    """Tokens/s of the same app with tracing off (``url``) and on (``url``/traced), interleaved."""
+    from ray import serve
+
+    from raysd.serve.app import build_app
+
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": _discarding_otlp_receiver(), "OTEL_SERVICE_NAME": "raysd-bench"}
+    serve.run(build_app(config, telemetry_env=env), name="raysd-traced", route_prefix="/traced")
+    results: dict = {}
+    for batch in (1, 16):
+        figures: dict[str, list[float]] = {"off": [], "on": []}
+        for _ in range(repeats):
+            for mode, base in (("off", url), ("on", f"{url}/traced")):
+                figures[mode].append(distributed(base, "json", batch, 4 if batch == 1 else 16,
+                                                 max_tokens)["tokens_per_second"])
+        median = {mode: sorted(values)[len(values) // 2] for mode, values in figures.items()}
+        results[f"json@{batch}"] = {"runs": figures, "median": median, "on_over_off": median["on"] / median["off"]}
+    return results
+
+
 def _table(summary: dict) -> str:
     lines = ["| workload@batch | in-process tok/s | distributed tok/s | ratio | in-process round ms | "
              "distributed round ms | model work ms (dist.) | overhead ms/round (dist.) | identical |",
@@ -98,6 +138,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--tracing", action="store_true", help="measure tracing on vs off instead")
     parser.add_argument("--out", type=Path, default=REPO / "bench/results/serve.json")
     parser.add_argument("--doc", type=Path, default=REPO / "docs/bench_serve.md")
     args = parser.parse_args()
@@ -108,8 +149,8 @@ def main() -> int:
 
     torch.set_num_threads(1)
     runs = [(w, b) for w in WORKLOADS for b in (1, 16)]
-    local = {(w, b): in_process(w, b, count_b1 if b == 1 else count_b16, max_tokens, args.k)
-             for w, b in tqdm(runs, desc="in-process")}
+    local = {} if args.tracing else {(w, b): in_process(w, b, count_b1 if b == 1 else count_b16, max_tokens, args.k)
+                                     for w, b in tqdm(runs, desc="in-process")}
 
     from ray import serve
 
@@ -124,6 +165,15 @@ def main() -> int:
         "router": {"engine": {"max_model_len": 1024, "max_num_seqs": 16}, "policy": {"mode": "on", "k": args.k}},
     })
     url = start_local(config, num_cpus=2)
+    if args.tracing:
+        try:
+            results = tracing_overhead(config, url, args.k, 1 if args.quick else 3, max_tokens)
+        finally:
+            serve.shutdown()
+        (REPO / "bench/results/serve_tracing.json").write_text(json.dumps(results, indent=2) + "\n")
+        for key, row in results.items():
+            print(f"{key}: tracing on / off = {row['on_over_off']:.3f}  (median tok/s {row['median']})")
+        return 0
     try:
         remote = {(w, b): distributed(url, w, b, count_b1 if b == 1 else count_b16, max_tokens)
                   for w, b in tqdm(runs, desc="distributed")}

@@ -190,3 +190,16 @@ def test_metrics_move_by_exactly_the_request_counts_under_its_segment(serve_url)
     assert first_position <= stats["num_spec_steps"]
     assert ("raysd:num_requests_running", ()) in after
     assert any(name == "raysd:speculation_enabled" for name, _ in after)
+
+
+def test_grafana_dashboard_queries_only_metrics_we_export(serve_url):
+    import json
+    import re
+    from pathlib import Path
+
+    dashboard = json.loads((Path(__file__).resolve().parents[1] / "deployments/grafana-dashboard.json").read_text())
+    queried = {name for panel in dashboard["panels"] for target in panel["targets"]
+               for name in re.findall(r"raysd:[a-z_:]+", target["expr"])}
+    exported = requests.get(f"{serve_url}/metrics", timeout=30).text
+    missing = sorted(name for name in queried if f"\n{name}" not in exported and f"# TYPE {name}" not in exported)
+    assert len(queried) >= 8 and not missing, missing
