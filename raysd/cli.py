@@ -1,4 +1,4 @@
-"""``raysd`` command line: demo (corpus / train / prompts / run), generate, probe."""
+"""``raysd`` command line: serve, fingerprint, generate, probe, demo (corpus / train / prompts / run)."""
 
 from __future__ import annotations
 
@@ -181,6 +181,30 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def cmd_fingerprint(args) -> int:
+    from tqdm import tqdm
+
+    from raysd.fingerprint import analyse, plot, record_stream
+
+    if args.n < 1 or args.max_tokens < 2:
+        raise ValueError("--n must be ≥ 1 and --max-tokens ≥ 2 (gaps need two chunks)")
+    streams = [record_stream(args.url, args.model, args.prompt, args.max_tokens, args.api_key)
+               for _ in tqdm(range(args.n), desc="streams", disable=args.json)]
+    result = analyse(streams)
+    if args.plot:
+        plot(result, args.plot, f"{args.url} ({args.model})")
+    if args.json:
+        print(json.dumps(result.summary()))
+    else:
+        summary = result.summary()
+        print(f"{args.url}: {summary.pop('verdict')}")
+        for name, value in summary.items():
+            print(f"  {name:18s} {value:.3f}" if isinstance(value, float) else f"  {name:18s} {value}")
+        if args.plot:
+            print(f"  gap histogram: {args.plot}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raysd", description="Speculative decoding that knows when it pays.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -198,6 +222,18 @@ def build_parser() -> argparse.ArgumentParser:
                            help="validate the config and print the resolved placement (replicas, bundles, "
                                 "resources) as JSON; starts nothing")
     serve_cmd.set_defaults(func=cmd_serve)
+
+    fingerprint = commands.add_parser("fingerprint", help="tell from the stream's pacing whether an OpenAI-"
+                                                          "compatible endpoint speculates")
+    fingerprint.add_argument("--url", required=True, help="server root, e.g. http://127.0.0.1:8000")
+    fingerprint.add_argument("--model", default="raysd-demo")
+    fingerprint.add_argument("--prompt", default='{"order_id": "ord_1234567", "items": [')
+    fingerprint.add_argument("--n", type=int, default=3, help="streams to record")
+    fingerprint.add_argument("--max-tokens", type=int, default=64)
+    fingerprint.add_argument("--api-key", default=None, help="sent as a Bearer token")
+    fingerprint.add_argument("--plot", type=Path, default=None, help="write a PNG of the gap distribution")
+    fingerprint.add_argument("--json", action="store_true")
+    fingerprint.set_defaults(func=cmd_fingerprint)
 
     generate = commands.add_parser("generate", help="decode prompts from a JSONL file")
     generate.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS)

@@ -67,6 +67,10 @@ class PolicyConfig(_Strict):
                              description="A segment held at k=0 for low acceptance re-measures (one round "
                                          "at k) after this many rounds, so it can recover.")
     cost_decay: float = Field(default=0.98, gt=0, lt=1, description="Forgetting factor of the cost fit.")
+    speculate_prefill: bool = Field(default=False,
+                                    description="Also draft in a sequence's first round. Off (default): the first "
+                                                "round only prefills and emits the first token, as without "
+                                                "speculation, so time to first token does not pay for drafting.")
 
     @model_validator(mode="after")
     def _bounds(self):

@@ -129,6 +129,11 @@ class SpecEngine:
         opt_out = [s.params.speculation == SpeculationMode.off or not self.can_draft for s in batch]
         k_limits = [max(0, s.remaining - 1) for s in batch]
         decision = self.policy.decide([s.segment for s in batch], opt_out, k_limits, self.pressure_source())
+        for row, sequence in enumerate(batch):
+            # A sequence's first round is its prefill: it emits the first token alone, as without speculation,
+            # so time to first token does not pay for drafting (vLLM does the same).
+            if sequence.num_generated == 0 and decision.ks[row] > 0 and not self.policy.config.speculate_prefill:
+                decision.ks[row], decision.reasons[row] = 0, "prefill"
         return RoundPlan(batch, decision, started)
 
     def commit(self, plan: RoundPlan, proposal: DraftProposal, result: VerifyResult) -> tuple[list[StepOutput],

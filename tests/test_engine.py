@@ -98,7 +98,8 @@ def test_sampling_is_seeded_and_matches_target_distribution(tiny_pair):
     prompt = [5, 9, 33, 2, 71, 40]
     with torch.no_grad():
         target_probs = torch.softmax(target(input_ids=torch.tensor([prompt])).logits[0, -1], -1)
-    engine = _engine(tiny_pair, "model", PolicyConfig(mode=SpeculationMode.on, k=1, k_max=1), max_num_seqs=500)
+    policy = PolicyConfig(mode=SpeculationMode.on, k=1, k_max=1, speculate_prefill=True)  # first token is drafted
+    engine = _engine(tiny_pair, "model", policy, max_num_seqs=500)
     samples = 4000
     sequences = engine.generate([prompt] * samples,
                                 [SamplingParams(max_tokens=2, temperature=1.0, seed=i) for i in range(samples)])
@@ -111,7 +112,7 @@ def test_sampling_is_seeded_and_matches_target_distribution(tiny_pair):
     observed = torch.cat([counts[keep], counts[~keep].sum(0, keepdim=True)])
     expected = torch.cat([expected[keep], expected[~keep].sum(0, keepdim=True)])
     assert chisquare(observed.numpy(), (expected * observed.sum() / expected.sum()).numpy()).pvalue > 0.01
-    again = _engine(tiny_pair, "model", PolicyConfig(mode=SpeculationMode.on, k=1, k_max=1), max_num_seqs=8)
+    again = _engine(tiny_pair, "model", policy, max_num_seqs=8)
     repeat = again.generate([prompt] * 8, [SamplingParams(max_tokens=2, temperature=1.0, seed=i) for i in range(8)])
     assert [s.output_token_ids for s in repeat] == [s.output_token_ids for s in sequences[:8]]
 
@@ -176,3 +177,13 @@ def test_demo_acceptance_depends_on_the_text(demo_pair):
         rates[workload] = engine.aggregator.segments["default"].acceptance_rate
     assert rates["json"] > rates["prose"] + 0.1, rates
     assert rates["code"] > rates["prose"], rates  # measured here: code 0.41, prose 0.33 (7–8 prompts each)
+
+
+def test_first_round_only_prefills_so_ttft_does_not_pay_for_drafting(tiny_pair):
+    engine = _engine(tiny_pair, "model", PolicyConfig(mode=SpeculationMode.on, k=4), max_num_seqs=2)
+    sequence = engine.add([5, 9, 33, 2], SamplingParams(max_tokens=12))
+    first = engine.step()
+    assert [len(o.new_token_ids) for o in first] == [1]  # the first token arrives alone
+    assert sequence.stats.drafted_tokens == 0 and sequence.stats.last_reason == "prefill"
+    engine.step()
+    assert sequence.stats.drafted_tokens == 4 and sequence.stats.last_reason == "fixed"

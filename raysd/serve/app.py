@@ -78,7 +78,7 @@ def start_local(config: ServerConfig, num_cpus: int | None = None, blocking: boo
     os.environ.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     resources = {"draft_device": 4.0, "target_device": 4.0}
     if not ray.is_initialized():
-        ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, resources=resources,
+        ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, resources=resources,
                  _node_ip_address="127.0.0.1", runtime_env={"env_vars": WORKER_ENV},
                  configure_logging=True, logging_level=logging.WARNING)
     check_resources(config, ray.cluster_resources())

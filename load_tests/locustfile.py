@@ -1,0 +1,122 @@
+"""Locust load for raysd (or any OpenAI-compatible server): code, JSON and prose users, streaming.
+
+    locust -f load_tests/locustfile.py --headless -u 16 -r 16 -t 60s --host http://127.0.0.1:8000 --csv out
+    locust -f load_tests/locustfile.py JsonUser ...        # one workload only
+
+Each user is closed-loop (a new request as soon as the last one ends), so users = concurrency. Prompts are
+the held-out prompts of ``bench/prompts/heldout.jsonl`` (never seen in training), tagged with their workload
+(``metadata.workload``) so the server tracks acceptance per workload. Besides the HTTP request entry
+(``response_length`` = output tokens), each request reports, as their own entries per workload:
+``ttft [w]`` (time to the first token, ms), ``itl [w]`` (one entry per gap between chunks, ms) and
+``output_tokens_per_s [w]`` (the value is reported as the entry's "response time").
+
+Settings (environment): RAYSD_MODEL (default raysd-demo), RAYSD_MAX_TOKENS (64), RAYSD_PROMPTS (a JSONL
+path), RAYSD_LOCUST_DUMP (write raw per-chunk timings, token counts and speculation stats to this JSON
+file when the run stops — the sweep reads it).
+
+Run Locust as its own process: importing it into a process that already imported ray/torch breaks gevent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+from locust import HttpUser, constant, events, task
+
+MODEL = os.environ.get("RAYSD_MODEL", "raysd-demo")
+MAX_TOKENS = int(os.environ.get("RAYSD_MAX_TOKENS", "64"))
+DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "bench" / "prompts" / "heldout.jsonl"
+PROMPTS_PATH = Path(os.environ.get("RAYSD_PROMPTS", DEFAULT_PROMPTS))
+DUMP_PATH = os.environ.get("RAYSD_LOCUST_DUMP")
+_records = [json.loads(line) for line in PROMPTS_PATH.read_text().splitlines() if line.strip()]
+PROMPTS = {w: [r["prompt"] for r in _records if r.get("workload") == w] for w in ("code", "json", "prose")}
+RAW: dict[str, dict] = {}  # workload → raw figures for RAYSD_LOCUST_DUMP
+
+
+def _raw(workload: str) -> dict:
+    return RAW.setdefault(workload, {"ttft_s": [], "gaps_s": [], "tokens_per_chunk": [], "requests": 0,
+                                     "failures": 0, "output_tokens": 0, "latency_s": [], "num_draft_tokens": 0,
+                                     "num_accepted_draft_tokens": 0, "first_at": None, "last_at": None})
+
+
+@events.test_stop.add_listener
+def _dump(environment, **kwargs):
+    if DUMP_PATH:
+        Path(DUMP_PATH).write_text(json.dumps(RAW))
+
+
+class _StreamingUser(HttpUser):
+    abstract = True
+    wait_time = constant(0)
+    workload = "default"
+
+    def _report(self, name: str, value_ms: float, length: int = 0) -> None:
+        events.request.fire(request_type="STREAM", name=f"{name} [{self.workload}]", response_time=value_ms,
+                            response_length=length, exception=None, context={})
+
+    @task
+    def stream_completion(self) -> None:
+        payload = {"model": MODEL, "prompt": random.choice(PROMPTS[self.workload]), "max_tokens": MAX_TOKENS,
+                   "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+                   "metadata": {"workload": self.workload}}
+        raw = _raw(self.workload)
+        started = time.perf_counter()
+        arrivals, usage, speculation = [], None, None
+        with self.client.post("/v1/completions", json=payload, stream=True, catch_response=True,
+                              name=f"POST /v1/completions [{self.workload}]") as response:
+            if response.status_code != 200:
+                raw["failures"] += 1
+                response.failure(f"HTTP {response.status_code}: {response.text[:200]}")
+                return
+            for line in response.iter_lines():
+                if not line or not line.startswith(b"data: ") or line == b"data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    raw["failures"] += 1
+                    response.failure(f"stream error: {chunk['error'].get('message')}")
+                    return
+                if chunk.get("usage"):
+                    usage, speculation = chunk["usage"], chunk.get("speculation")
+                    continue
+                text = chunk["choices"][0].get("text", "") if chunk.get("choices") else ""
+                if text:
+                    arrivals.append(time.perf_counter())
+            ended = time.perf_counter()
+            tokens = usage["completion_tokens"] if usage else len(arrivals)
+            response.request_meta["response_length"] = tokens
+            response.success()
+        if not arrivals:
+            return
+        gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+        self._report("ttft", 1000 * (arrivals[0] - started))
+        for gap in gaps:
+            self._report("itl", 1000 * gap)
+        self._report("output_tokens_per_s", tokens / max(ended - started, 1e-9), tokens)
+        raw["requests"] += 1
+        raw["output_tokens"] += tokens
+        raw["ttft_s"].append(arrivals[0] - started)
+        raw["gaps_s"] += gaps
+        raw["latency_s"].append(ended - started)
+        raw["tokens_per_chunk"].append(tokens / len(arrivals))
+        raw["first_at"] = started if raw["first_at"] is None else min(raw["first_at"], started)
+        raw["last_at"] = ended if raw["last_at"] is None else max(raw["last_at"], ended)
+        if speculation:
+            raw["num_draft_tokens"] += speculation.get("num_draft_tokens") or 0
+            raw["num_accepted_draft_tokens"] += speculation.get("num_accepted_draft_tokens") or 0
+
+
+class CodeUser(_StreamingUser):
+    workload = "code"
+
+
+class JsonUser(_StreamingUser):
+    workload = "json"
+
+
+class ProseUser(_StreamingUser):
+    workload = "prose"

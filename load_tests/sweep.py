@@ -1,0 +1,219 @@
+"""Concurrency sweep: speculation off / always on (fixed k) / adaptive, per workload, with Locust.
+
+For each policy the script starts ``raysd serve`` once (its own local Ray), warms it up, then drives each
+workload at each concurrency with a headless Locust run (closed loop: users = concurrency) for a bounded
+time, reading Locust's raw per-chunk timings. It writes ``sweep.csv`` and PNG plots into ``--out`` and prints
+the ratios the claims rest on:
+
+- adaptive / max(off, on) at each concurrency (goal ≥ 0.95 everywhere);
+- on / off at the top concurrency (speculation at high load loses: < 1);
+- TTFT spec / off (speculation does nothing for prefill: ≈ 1.00).
+
+    python load_tests/sweep.py                      # full sweep (~25 min on 2 cores) → bench/results/sweep/
+    python load_tests/sweep.py --quick --out /tmp/s # smoke run: json only, concurrency 1 and 4, 5 s each
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
+USER_CLASS = {"code": "CodeUser", "json": "JsonUser", "prose": "ProseUser"}
+POLICIES = {"off": {"mode": "off"}, "on": {"mode": "on"}, "adaptive": {"mode": "adaptive"}}
+COLUMNS = ["policy", "workload", "concurrency", "requests", "failures", "output_tokens", "seconds",
+           "tokens_per_s", "latency_p50_s", "latency_p95_s", "ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s",
+           "tokens_per_chunk", "acceptance_rate"]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class Server:
+    """``raysd serve`` with one policy, as a child process (its own Ray); stopped with SIGINT."""
+
+    def __init__(self, policy: str, k: int, workdir: Path, startup_timeout_s: float = 240):
+        config = yaml.safe_load((REPO / "deployments" / "local.yaml").read_text())
+        args = config["applications"][0]["args"]
+        args["router"]["policy"] = {**args["router"]["policy"], **POLICIES[policy], "k": k}
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        path = workdir / f"config-{policy}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        self.log = open(workdir / f"server-{policy}.log", "w")
+        self.process = subprocess.Popen([sys.executable, "-m", "raysd.cli", "serve", "--config", str(path),
+                                         "--port", str(self.port)], stdout=self.log, stderr=subprocess.STDOUT,
+                                        cwd=REPO, start_new_session=True)
+        deadline = time.monotonic() + startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"raysd serve exited ({self.process.returncode}); see {self.log.name}")
+            try:
+                workers = requests.get(f"{self.url}/health", timeout=5).json()["workers"]
+                if workers["targets"] and (policy == "off" or workers["drafts"]):
+                    return
+            except (requests.RequestException, ValueError, KeyError):
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise RuntimeError(f"raysd serve did not come up in {startup_timeout_s:.0f} s; see {self.log.name}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGINT)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self.log.close()
+
+
+def run_locust(url: str, workload: str, users: int, seconds: float, max_tokens: int, workdir: Path) -> dict:
+    """One headless Locust run; returns the locustfile's raw figures for ``workload``."""
+    dump = workdir / f"locust-{workload}-{users}.json"
+    env = {**os.environ, "RAYSD_LOCUST_DUMP": str(dump), "RAYSD_MAX_TOKENS": str(max_tokens)}
+    command = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), USER_CLASS[workload], "--headless",
+               "-u", str(users), "-r", str(users), "-t", f"{max(1, int(seconds))}s", "--stop-timeout", "60",
+               "--host", url, "--only-summary", "--loglevel", "WARNING"]
+    subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=seconds + 180)
+    raw = json.loads(dump.read_text()) if dump.exists() else {}
+    return raw.get(workload, {})
+
+
+def summarise(policy: str, workload: str, users: int, raw: dict) -> dict:
+    seconds = (raw["last_at"] - raw["first_at"]) if raw.get("requests") else 0.0
+    drafted = raw.get("num_draft_tokens", 0)
+    return {
+        "policy": policy, "workload": workload, "concurrency": users, "requests": raw.get("requests", 0),
+        "failures": raw.get("failures", 0), "output_tokens": raw.get("output_tokens", 0), "seconds": seconds,
+        "tokens_per_s": raw.get("output_tokens", 0) / seconds if seconds else 0.0,
+        "latency_p50_s": _percentile(raw.get("latency_s", []), 0.5),
+        "latency_p95_s": _percentile(raw.get("latency_s", []), 0.95),
+        "ttft_p50_s": _percentile(raw.get("ttft_s", []), 0.5), "ttft_p95_s": _percentile(raw.get("ttft_s", []), 0.95),
+        "itl_p50_s": _percentile(raw.get("gaps_s", []), 0.5), "itl_p95_s": _percentile(raw.get("gaps_s", []), 0.95),
+        "tokens_per_chunk": statistics.fmean(raw["tokens_per_chunk"]) if raw.get("tokens_per_chunk") else None,
+        "acceptance_rate": raw.get("num_accepted_draft_tokens", 0) / drafted if drafted else None,
+    }
+
+
+def ratios(rows: list[dict]) -> dict:
+    """The figures the claims rest on, per workload."""
+    table = {(r["policy"], r["workload"], r["concurrency"]): r for r in rows}
+    workloads = sorted({r["workload"] for r in rows})
+    levels = sorted({r["concurrency"] for r in rows})
+    result = {}
+    for workload in workloads:
+        def value(policy, users, key="tokens_per_s", w=workload):
+            row = table.get((policy, w, users))
+            return row[key] if row and row[key] else None
+
+        adaptive_vs_best = {}
+        ttft_on, ttft_adaptive = {}, {}
+        for users in levels:
+            off, on, adaptive = value("off", users), value("on", users), value("adaptive", users)
+            if off and on and adaptive:
+                adaptive_vs_best[users] = adaptive / max(off, on)
+            ttft_off = value("off", users, "ttft_p50_s")
+            if ttft_off and value("on", users, "ttft_p50_s"):
+                ttft_on[users] = value("on", users, "ttft_p50_s") / ttft_off
+            if ttft_off and value("adaptive", users, "ttft_p50_s"):
+                ttft_adaptive[users] = value("adaptive", users, "ttft_p50_s") / ttft_off
+        top = levels[-1]
+        off_top, on_top = value("off", top), value("on", top)
+        result[workload] = {"adaptive_vs_best": adaptive_vs_best,
+                            "on_vs_off_at_top": on_top / off_top if off_top and on_top else None,
+                            "ttft_on_vs_off": ttft_on, "ttft_adaptive_vs_off": ttft_adaptive}
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="json only, concurrency 1 and 4, 5 s per point")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "sweep")
+    parser.add_argument("--duration", type=float, default=None, help="seconds per point (default 20; quick 5)")
+    parser.add_argument("--concurrency", default=None, help="comma-separated (default 1,2,4,8,16,32,64)")
+    parser.add_argument("--workloads", default=None, help="comma-separated subset of code,json,prose")
+    parser.add_argument("--policies", default="off,on,adaptive")
+    parser.add_argument("--k", type=int, default=4, help="draft length of the always-on policy")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    args = parser.parse_args(argv)
+    duration = args.duration or (5.0 if args.quick else 20.0)
+    levels = [int(c) for c in (args.concurrency or ("1,4" if args.quick else "1,2,4,8,16,32,64")).split(",")]
+    workloads = (args.workloads or ("json" if args.quick else "code,json,prose")).split(",")
+    policies = args.policies.split(",")
+    unknown = [w for w in workloads if w not in USER_CLASS] + [p for p in policies if p not in POLICIES]
+    if unknown:
+        parser.error(f"unknown workload/policy: {unknown}")
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    from tqdm import tqdm
+
+    from load_tests.plots import plot_all
+
+    rows, progress = [], tqdm(total=len(policies) * len(workloads) * len(levels), desc="sweep", unit="point")
+    with tempfile.TemporaryDirectory() as scratch:
+        workdir = Path(scratch)
+        for policy in policies:
+            progress.set_postfix_str(f"starting server ({policy})")
+            server = Server(policy, args.k, workdir)
+            try:
+                for workload in workloads:
+                    run_locust(server.url, workload, 1, 2, args.max_tokens, workdir)  # warm-up
+                    for users in levels:
+                        progress.set_postfix_str(f"{policy} {workload} c={users}")
+                        raw = run_locust(server.url, workload, users, duration, args.max_tokens, workdir)
+                        rows.append(summarise(policy, workload, users, raw))
+                        if users == 1:
+                            gaps = args.out / f"gaps-{policy}-{workload}.json"
+                            gaps.write_text(json.dumps({k: raw.get(k, []) for k in ("gaps_s", "tokens_per_chunk")}))
+                        progress.update()
+            finally:
+                server.stop()
+    progress.close()
+    with open(args.out / "sweep.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    figures = ratios(rows)
+    (args.out / "ratios.json").write_text(json.dumps(figures, indent=2))
+    plots = plot_all(rows, args.out)
+    for workload, figure in figures.items():
+        best = ", ".join(f"c={c}: {v:.2f}" for c, v in figure["adaptive_vs_best"].items())
+        ttft = ", ".join(f"c={c}: {v:.2f}" for c, v in figure["ttft_on_vs_off"].items())
+        on_off = figure["on_vs_off_at_top"]
+        print(f"[{workload}] adaptive / max(off, on): {best}")
+        print(f"[{workload}] on / off at c={levels[-1]}: {on_off:.2f}" if on_off else f"[{workload}] on / off: n/a")
+        print(f"[{workload}] TTFT on / off: {ttft}")
+    failures = sum(r["failures"] for r in rows)
+    print(f"wrote {args.out / 'sweep.csv'} and {len(plots)} plots; {failures} failed requests")
+    return 0 if failures == 0 and all(r["requests"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    raise SystemExit(main())
