@@ -72,7 +72,7 @@ class _StreamingUser(HttpUser):
                 raw["failures"] += 1
                 response.failure(f"HTTP {response.status_code}: {response.text[:200]}")
                 return
-            for line in response.iter_lines():
+            for line in response.iter_lines(chunk_size=None):
                 if not line or not line.startswith(b"data: ") or line == b"data: [DONE]":
                     continue
                 chunk = json.loads(line[6:])

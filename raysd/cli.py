@@ -188,7 +188,13 @@ def cmd_fingerprint(args) -> int:
 
     if args.n < 1 or args.max_tokens < 2:
         raise ValueError("--n must be ≥ 1 and --max-tokens ≥ 2 (gaps need two chunks)")
-    streams = [record_stream(args.url, args.model, args.prompt, args.max_tokens, args.api_key)
+    headers = {}
+    for header in args.header:
+        name, sep, value = header.partition(":")
+        if not sep or not name.strip():
+            raise ValueError(f"--header {header!r}: expected 'Name: value'")
+        headers[name.strip()] = value.strip()
+    streams = [record_stream(args.url, args.model, args.prompt, args.max_tokens, args.api_key, headers=headers)
                for _ in tqdm(range(args.n), desc="streams", disable=args.json)]
     result = analyse(streams)
     if args.plot:
@@ -231,6 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     fingerprint.add_argument("--n", type=int, default=3, help="streams to record")
     fingerprint.add_argument("--max-tokens", type=int, default=64)
     fingerprint.add_argument("--api-key", default=None, help="sent as a Bearer token")
+    fingerprint.add_argument("--header", action="append", default=[],
+                             help="extra request header 'Name: value' (repeatable), e.g. 'X-Raysd-Workload: json'")
     fingerprint.add_argument("--plot", type=Path, default=None, help="write a PNG of the gap distribution")
     fingerprint.add_argument("--json", action="store_true")
     fingerprint.set_defaults(func=cmd_fingerprint)

@@ -80,11 +80,11 @@ def analyse(streams: list[StreamTiming]) -> Fingerprint:
 
 
 def record_stream(url: str, model: str, prompt: str, max_tokens: int, api_key: str | None = None,
-                  timeout_s: float = 300) -> StreamTiming:
+                  timeout_s: float = 300, headers: dict[str, str] | None = None) -> StreamTiming:
     """Stream one completion from ``url`` (the server root, e.g. http://127.0.0.1:8000) and time its chunks."""
     import requests
 
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = {**(headers or {}), **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, "return_token_ids": True}
     timing = StreamTiming()
@@ -93,7 +93,7 @@ def record_stream(url: str, model: str, prompt: str, max_tokens: int, api_key: s
                        timeout=timeout_s) as response:
         if response.status_code != 200:
             raise ValueError(f"{url} answered HTTP {response.status_code}: {response.text[:300]}")
-        for line in response.iter_lines():
+        for line in response.iter_lines(chunk_size=None):
             if not line.startswith(b"data: ") or line == b"data: [DONE]":
                 continue
             chunk = json.loads(line[6:])

@@ -1,0 +1,138 @@
+"""Load tooling: the locustfile under real load, the sweep's quick mode, and the outside observer
+(``raysd fingerprint``) on synthetic streams and on our own server with speculation on vs off."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from raysd.fingerprint import analyse, record_stream
+from raysd.models import DEMO_TARGET
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+JSON_PROMPT = '{"order_id": "ord_1234567", "items": ['
+
+
+def test_locustfile_runs_headless_without_failures(serve_url, tmp_path):
+    dump = tmp_path / "raw.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "locust", "-f", str(REPO / "load_tests/locustfile.py"), "JsonUser", "ProseUser",
+         "--headless", "-u", "4", "-r", "4", "-t", "8s", "--stop-timeout", "60", "--host", serve_url,
+         "--csv", str(tmp_path / "out"), "--only-summary"],
+        capture_output=True, text=True, timeout=240, cwd=REPO,
+        env={**os.environ, "RAYSD_LOCUST_DUMP": str(dump), "RAYSD_MAX_TOKENS": "24"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = {row["Name"]: row for row in csv.DictReader(open(tmp_path / "out_stats.csv"))}
+    assert int(rows["Aggregated"]["Failure Count"]) == 0 and int(rows["Aggregated"]["Request Count"]) > 0
+    for workload in ("json", "prose"):
+        assert int(rows[f"POST /v1/completions [{workload}]"]["Request Count"]) > 0
+        assert int(rows[f"ttft [{workload}]"]["Request Count"]) > 0
+        assert int(rows[f"itl [{workload}]"]["Request Count"]) > 0
+        assert int(rows[f"output_tokens_per_s [{workload}]"]["Request Count"]) > 0
+    raw = json.loads(dump.read_text())
+    assert raw["json"]["num_draft_tokens"] > 0  # the workload tag reached the server; speculation ran
+
+
+def test_sweep_quick_mode_writes_csv_plots_and_ratios(tmp_path):
+    out = tmp_path / "sweep"
+    result = subprocess.run([sys.executable, "load_tests/sweep.py", "--quick", "--out", str(out)],
+                            capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    rows = list(csv.DictReader(open(out / "sweep.csv")))
+    assert {(r["policy"], r["concurrency"]) for r in rows} == {(p, c) for p in ("off", "on", "adaptive")
+                                                               for c in ("1", "4")}
+    assert all(int(r["failures"]) == 0 and float(r["tokens_per_s"]) > 0 for r in rows)
+    assert all(r["acceptance_rate"] == "" for r in rows if r["policy"] == "off")
+    assert all(float(r["acceptance_rate"]) > 0 for r in rows if r["policy"] == "on")
+    for name in ("throughput", "latency", "ttft_ratio", "acceptance", "itl_hist"):
+        assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    ratios = json.loads((out / "ratios.json").read_text())["json"]
+    assert set(ratios["adaptive_vs_best"]) == {"1", "4"} and ratios["on_vs_off_at_top"] > 0
+    assert "adaptive / max(off, on)" in result.stdout and "TTFT on / off" in result.stdout
+
+
+class _SyntheticStreams(BaseHTTPRequestHandler):
+    """/smooth: one token per chunk every 15 ms. /bursty: bursts of 1–5 tokens, one chunk per token sent
+    back to back, 45 ms between bursts (what a speculating server that splits bursts looks like). Chunked
+    transfer encoding, as real SSE servers send it."""
+
+    protocol_version = "HTTP/1.1"
+
+    def _event(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        bursts = [1] * 40 if self.path.startswith("/smooth") else [5, 2, 4, 1, 5, 3, 5, 4, 2, 5, 3, 1]
+        pause = 0.015 if self.path.startswith("/smooth") else 0.045
+        for size in bursts:
+            time.sleep(pause)
+            for _ in range(size):
+                self._event(f"data: {json.dumps({'choices': [{'index': 0, 'text': 'x'}]})}\n\n".encode())
+        self._event(b"data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+
+    def log_message(self, *args):
+        pass
+
+
+def test_fingerprint_separates_bursty_from_smooth_synthetic_streams():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _SyntheticStreams)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        smooth = analyse([record_stream(f"{base}/smooth", "m", "p", 40) for _ in range(2)])
+        bursty = analyse([record_stream(f"{base}/bursty", "m", "p", 40) for _ in range(2)])
+    finally:
+        server.shutdown()
+    assert smooth.verdict == "speculation unlikely" and bursty.verdict == "speculation likely"
+    assert bursty.near_zero_share > 0.5 > smooth.near_zero_share and bursty.gap_cv > smooth.gap_cv
+
+
+@pytest.fixture(scope="module")
+def plain_url(serve_url):
+    """The demo target alone (no draft, speculation off) as a second app on the session's Ray."""
+    from ray import serve
+
+    from raysd.serve.app import build_app
+    from raysd.serve.config import ServerConfig
+
+    config = ServerConfig.model_validate({
+        "draft": None, "target": {"model_dir": str(DEMO_TARGET), "max_model_len": 512,
+                                  "placement": {"resources": {"target_device": 1}}},
+        "router": {"engine": {"max_model_len": 512, "max_num_seqs": 4}, "policy": {"mode": "off"}}})
+    serve.run(build_app(config), name="raysd-plain", route_prefix="/plain")
+    yield f"{serve_url}/plain"
+    serve.delete("raysd-plain")
+
+
+def test_fingerprint_tells_our_server_with_speculation_on_from_off(serve_url, plain_url, tmp_path):
+    import contextlib
+
+    from raysd.cli import main
+
+    verdicts = {}
+    for name, url in (("on", serve_url), ("off", plain_url)):
+        plot = tmp_path / f"{name}.png"
+        output = tmp_path / f"{name}.json"
+        with open(output, "w") as handle, contextlib.redirect_stdout(handle):
+            assert main(["fingerprint", "--url", url, "--prompt", JSON_PROMPT, "--n", "3", "--max-tokens", "48",
+                         "--header", "X-Raysd-Workload: json", "--plot", str(plot), "--json"]) == 0
+        verdicts[name] = json.loads(output.read_text())
+        assert plot.read_bytes()[:4] == b"\x89PNG"
+    assert verdicts["on"]["verdict"] == "speculation likely", verdicts
+    assert verdicts["off"]["verdict"] == "speculation unlikely", verdicts
+    assert verdicts["off"]["tokens_per_chunk"] == 1.0 < verdicts["on"]["tokens_per_chunk"]
