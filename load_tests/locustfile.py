@@ -11,8 +11,10 @@ the held-out prompts of ``bench/prompts/heldout.jsonl`` (never seen in training)
 ``output_tokens_per_s [w]`` (the value is reported as the entry's "response time").
 
 Settings (environment): RAYSD_MODEL (default raysd-demo), RAYSD_MAX_TOKENS (64), RAYSD_PROMPTS (a JSONL
-path), RAYSD_LOCUST_DUMP (write raw per-chunk timings, token counts and speculation stats to this JSON
-file when the run stops — the sweep reads it).
+path), RAYSD_REQUEST_TIMEOUT (seconds without a byte before a request counts as hung, default 120),
+RAYSD_LOCUST_DUMP (write raw per-chunk timings, token counts, speculation stats and failure reasons to this
+JSON file when the run stops — the sweep and chaos scripts read it), RAYSD_RECORD_OUTPUTS=1 (ask for
+``return_token_ids``, a vLLM/raysd extension, and keep each completed request's prompt and token ids).
 
 Run Locust as its own process: importing it into a process that already imported ray/torch breaks gevent.
 """
@@ -32,6 +34,8 @@ MAX_TOKENS = int(os.environ.get("RAYSD_MAX_TOKENS", "64"))
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "bench" / "prompts" / "heldout.jsonl"
 PROMPTS_PATH = Path(os.environ.get("RAYSD_PROMPTS", DEFAULT_PROMPTS))
 DUMP_PATH = os.environ.get("RAYSD_LOCUST_DUMP")
+REQUEST_TIMEOUT_S = float(os.environ.get("RAYSD_REQUEST_TIMEOUT", "120"))
+RECORD_OUTPUTS = os.environ.get("RAYSD_RECORD_OUTPUTS") == "1"
 _records = [json.loads(line) for line in PROMPTS_PATH.read_text().splitlines() if line.strip()]
 PROMPTS = {w: [r["prompt"] for r in _records if r.get("workload") == w] for w in ("code", "json", "prose")}
 RAW: dict[str, dict] = {}  # workload → raw figures for RAYSD_LOCUST_DUMP
@@ -40,7 +44,8 @@ RAW: dict[str, dict] = {}  # workload → raw figures for RAYSD_LOCUST_DUMP
 def _raw(workload: str) -> dict:
     return RAW.setdefault(workload, {"ttft_s": [], "gaps_s": [], "tokens_per_chunk": [], "requests": 0,
                                      "failures": 0, "output_tokens": 0, "latency_s": [], "num_draft_tokens": 0,
-                                     "num_accepted_draft_tokens": 0, "first_at": None, "last_at": None})
+                                     "num_accepted_draft_tokens": 0, "first_at": None, "last_at": None,
+                                     "failure_reasons": [], "failure_at": [], "outputs": []})
 
 
 @events.test_stop.add_listener
@@ -63,29 +68,39 @@ class _StreamingUser(HttpUser):
         payload = {"model": MODEL, "prompt": random.choice(PROMPTS[self.workload]), "max_tokens": MAX_TOKENS,
                    "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
                    "metadata": {"workload": self.workload}}
+        if RECORD_OUTPUTS:
+            payload["return_token_ids"] = True
         raw = _raw(self.workload)
         started = time.perf_counter()
-        arrivals, usage, speculation = [], None, None
+        arrivals, usage, speculation, token_ids = [], None, None, []
+
+        def fail(response, reason: str) -> None:
+            raw["failures"] += 1
+            raw["failure_reasons"].append(reason)
+            raw["failure_at"].append(time.time())
+            response.failure(reason)
+
         with self.client.post("/v1/completions", json=payload, stream=True, catch_response=True,
+                              timeout=(10, REQUEST_TIMEOUT_S),
                               name=f"POST /v1/completions [{self.workload}]") as response:
             if response.status_code != 200:
-                raw["failures"] += 1
-                response.failure(f"HTTP {response.status_code}: {response.text[:200]}")
-                return
-            for line in response.iter_lines(chunk_size=None):
-                if not line or not line.startswith(b"data: ") or line == b"data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    raw["failures"] += 1
-                    response.failure(f"stream error: {chunk['error'].get('message')}")
-                    return
-                if chunk.get("usage"):
-                    usage, speculation = chunk["usage"], chunk.get("speculation")
-                    continue
-                text = chunk["choices"][0].get("text", "") if chunk.get("choices") else ""
-                if text:
-                    arrivals.append(time.perf_counter())
+                return fail(response, f"HTTP {response.status_code}: {response.text[:200]}")
+            try:
+                for line in response.iter_lines(chunk_size=None):
+                    if not line or not line.startswith(b"data: ") or line == b"data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        return fail(response, f"stream error: {chunk['error'].get('message')}")
+                    if chunk.get("usage"):
+                        usage, speculation = chunk["usage"], chunk.get("speculation")
+                        continue
+                    choice = chunk["choices"][0] if chunk.get("choices") else {}
+                    token_ids += choice.get("token_ids") or []
+                    if choice.get("text"):
+                        arrivals.append(time.perf_counter())
+            except Exception as error:  # connection dropped or read timed out mid-stream
+                return fail(response, f"{type(error).__name__}: {error}")
             ended = time.perf_counter()
             tokens = usage["completion_tokens"] if usage else len(arrivals)
             response.request_meta["response_length"] = tokens
@@ -105,6 +120,8 @@ class _StreamingUser(HttpUser):
         raw["tokens_per_chunk"].append(tokens / len(arrivals))
         raw["first_at"] = started if raw["first_at"] is None else min(raw["first_at"], started)
         raw["last_at"] = ended if raw["last_at"] is None else max(raw["last_at"], ended)
+        if RECORD_OUTPUTS:
+            raw["outputs"].append({"prompt": payload["prompt"], "token_ids": token_ids})
         if speculation:
             raw["num_draft_tokens"] += speculation.get("num_draft_tokens") or 0
             raw["num_accepted_draft_tokens"] += speculation.get("num_accepted_draft_tokens") or 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -150,6 +151,11 @@ def cmd_serve(args) -> int:
     config_path = args.config or default_local_config_path()
     config = ServerConfig.from_file(config_path) if config_path.exists() else ServerConfig()
     config = config.model_copy(update={"host": args.host or config.host, "port": args.port or config.port})
+    api_key = args.api_key or os.environ.get("RAYSD_API_KEY")
+    if api_key:
+        from pydantic import SecretStr
+
+        config = config.model_copy(update={"router": config.router.model_copy(update={"api_key": SecretStr(api_key)})})
     if args.dry_run:
         from raysd.serve.app import resource_demand
         from raysd.serve.placement import resolve_deployments
@@ -164,8 +170,9 @@ def cmd_serve(args) -> int:
     try:  # Ctrl-C while starting raises KeyboardInterrupt; once serving, the handlers below end the wait
         url = start_local(config)
         alias = config.router.model_alias
+        auth = " -H 'Authorization: Bearer $RAYSD_API_KEY'" if config.router.api_key else ""
         print(f"\nraysd is serving {alias!r} at {url}  (OpenAI-compatible; Ctrl-C stops it)\n\n"
-              f"  curl {url}/v1/completions -H 'Content-Type: application/json' \\\n"
+              f"  curl {url}/v1/completions -H 'Content-Type: application/json'{auth} \\\n"
               f"    -d '{{\"model\": \"{alias}\", \"prompt\": \"def fibonacci(n):\", \"max_tokens\": 48, "
               f"\"temperature\": 0}}'\n", flush=True)
         stopped = threading.Event()
@@ -224,6 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument("--config", type=Path, default=None, help="ServerConfig YAML (deployments/local.yaml)")
     serve_cmd.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     serve_cmd.add_argument("--port", type=int, default=None, help="port (default 8000)")
+    serve_cmd.add_argument("--api-key", default=None,
+                           help="require 'Authorization: Bearer KEY' on every route but /health (or set RAYSD_API_KEY)")
     serve_cmd.add_argument("--dry-run", action="store_true",
                            help="validate the config and print the resolved placement (replicas, bundles, "
                                 "resources) as JSON; starts nothing")

@@ -93,6 +93,13 @@ class RaggedKVCache(Cache):
             layer.values[destination, :, :length] = layer.values[source, :, :length]
         self.lengths[destination] = length
 
+    def clear_row(self, row: int) -> None:
+        """Zero a row's keys and values. Needed after non-finite values reached it: masked slots still enter
+        attention as 0 × value, and 0 × NaN is NaN, so a stale NaN would poison the row's next tenant."""
+        for layer in self.layers:
+            layer.keys[row].zero_()
+            layer.values[row].zero_()
+
     def attention_mask(self, rows: slice, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Additive mask ``[n, 1, Q, kv_len]``: query (b, j) sees slot s iff s ≤ positions[b, j].
 

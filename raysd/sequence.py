@@ -18,6 +18,16 @@ def new_seq_id() -> str:
     return f"seq-{_PROCESS_TAG}-{next(_ids)}"
 
 
+def process_tag() -> str:
+    """This process's tag, part of every sequence id it makes (a router's identity in the cluster)."""
+    return _PROCESS_TAG
+
+
+def origin_of(seq_id: str) -> str:
+    """The tag of the process (router) that made ``seq_id``."""
+    return seq_id.split("-")[1] if seq_id.count("-") >= 2 else ""
+
+
 @dataclass
 class SequenceStats:
     """Per-request speculation figures (vLLM's names in the API layer)."""

@@ -81,6 +81,8 @@ class TargetVerifier:
         prefill_seconds = time.perf_counter() - started
         logits = self.logits_for(sequences, proposal)  # [num_seqs, max_k + 1, vocab]
         failed = ~torch.isfinite(logits).all(dim=2).all(dim=1)
+        for index in failed.nonzero().flatten().tolist():  # that request fails; its row must not poison the next
+            self.cache.clear_row(self.table.row_of[sequences[index].seq_id])
         logits = torch.nan_to_num(logits, nan=0.0, posinf=0.0, neginf=0.0)
         num_accepted, bonus = kernels.greedy_accept_logits(logits, proposal.token_ids, proposal.num_draft)
         sampled = [i for i, s in enumerate(sequences) if not s.params.greedy]

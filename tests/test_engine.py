@@ -187,3 +187,31 @@ def test_first_round_only_prefills_so_ttft_does_not_pay_for_drafting(tiny_pair):
     assert sequence.stats.drafted_tokens == 0 and sequence.stats.last_reason == "prefill"
     engine.step()
     assert sequence.stats.drafted_tokens == 4 and sequence.stats.last_reason == "fixed"
+
+
+def test_non_finite_logits_fail_only_their_request_and_do_not_poison_the_cache(tiny_pair):
+    """Fault injection by weight corruption (named as such): one vocabulary row of the target's embeddings is
+    NaN, so a prompt containing that token yields NaN logits. That request fails with reason "error"; the rest
+    of the batch, and a request that later reuses the failed one's cache row, decode exactly as the target."""
+    from tiny_models import perturbed_copy
+
+    target, _ = tiny_pair
+    corrupted = perturbed_copy(target, seed=0, scale=0.0)  # an exact copy we may damage
+    # the long healthy prompt keeps attention reading slots past the short one's length, where the failed
+    # (longer) request's NaN keys would still sit after the short one moves into its row
+    prompts = [[5, 9, 33, 2, 17, 23, 61, 8, 44, 19, 30, 2], [71, 40, 12], [3, 3, 8, 60, 2]]
+    healthy = [reference_greedy(corrupted, p, 12)[0] for p in prompts]
+    # not 0: batches are padded with token 0, which must stay a finite embedding
+    marker = next(t for t in range(1, VOCAB) if all(t not in p + out for p, out in zip(prompts, healthy)))
+    with torch.no_grad():
+        corrupted.model.embed_tokens.weight[marker] = float("nan")
+    # plain decoding: a drafted marker token would turn a healthy row's logits NaN too (an artefact of the fault)
+    engine = SpecEngine(corrupted, None, None, EngineConfig(max_num_seqs=4, max_model_len=256),
+                        PolicyConfig(mode=SpeculationMode.off))
+    bad = engine.add([1, marker] + [4] * 18, SamplingParams(max_tokens=12))
+    good = [engine.add(p, SamplingParams(max_tokens=12)) for p in prompts[:2]]
+    engine.step()
+    assert bad.finish_reason == "error" and all(not s.finished for s in good)
+    late = engine.add(prompts[2], SamplingParams(max_tokens=12))  # takes the freed (cleared) row
+    engine.run_to_completion()
+    assert [s.output_token_ids for s in good + [late]] == healthy

@@ -68,3 +68,17 @@ def test_split_and_merge_of_a_round_are_exact():
     assert results.failed == [False, True, False] and results.seconds == 0.3 and results.batch_tokens == 12
     uncovered = merge_results(2, [([0], VerifyResult([1], [9], [False], 0.1, 0.0, 2))])
     assert uncovered.failed == [False, True]  # a row no group verified is never silently "accepted"
+
+
+def test_monitor_announces_departed_routers_until_they_report_again():
+    from raysd.sequence import new_seq_id, origin_of, process_tag
+
+    monitor = ClusterMonitor(stale_after_s=60)
+    monitor.report(f"router-{process_tag()}", 1)
+    assert monitor.view().departed == []
+    monitor.stale_after_s = 0.0  # everything is stale now: the router went silent
+    assert monitor.view().departed == [f"router-{process_tag()}"]
+    assert origin_of(new_seq_id()) == process_tag()  # how workers match orphaned sequences to it
+    monitor.stale_after_s = 60
+    monitor.report(f"router-{process_tag()}", 1)  # it was only stalled
+    assert monitor.view().departed == []

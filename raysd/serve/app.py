@@ -60,6 +60,7 @@ def build_app(config: ServerConfig, telemetry_env: dict[str, str] | None = None)
     return serve.deployment(
         Router, name="Router", num_replicas=router_cfg.placement.num_replicas,
         max_ongoing_requests=router_cfg.max_ongoing_requests, max_queued_requests=router_cfg.max_queued_requests,
+        graceful_shutdown_timeout_s=router_cfg.drain_timeout_s,
         ray_actor_options={**router_cfg.placement.actor_options(), "runtime_env": runtime_env},
     ).bind(router_cfg, str(target_cfg.model_dir), monitor, [target, draft] if draft is not None else [target],
            draft is not None)

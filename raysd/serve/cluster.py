@@ -44,6 +44,10 @@ class ClusterView:
     pressure: float
     workers: dict[str, WorkerInfo]
     sources: dict[str, float]  # router id → its reported pressure
+    departed: list[str] = field(default_factory=list)  # routers gone silent: their sequences are orphans
+
+
+DEPARTED_MEMORY_S = 600.0  # how long a silent router's id is announced (its orphans get freed meanwhile)
 
 
 class ClusterMonitor:
@@ -51,8 +55,13 @@ class ClusterMonitor:
         self.stale_after_s = stale_after_s
         self.reports: dict[str, tuple[float, float]] = {}  # source → (pressure, when)
         self.workers: dict[str, WorkerInfo] = {}
+        self.departed: dict[str, float] = {}  # source that went silent → when it was noticed
 
     def _prune(self, now: float) -> None:
+        for source, (_, when) in self.reports.items():
+            if now - when > self.stale_after_s:
+                self.departed[source] = now
+        self.departed = {k: t for k, t in self.departed.items() if now - t <= DEPARTED_MEMORY_S}
         self.reports = {k: v for k, v in self.reports.items() if now - v[1] <= self.stale_after_s}
         self.workers = {k: w for k, w in self.workers.items() if now - w.seen <= self.stale_after_s}
 
@@ -60,12 +69,13 @@ class ClusterMonitor:
         """Record ``source``'s current load; returns the cluster view (stale entries dropped)."""
         now = time.monotonic()
         self.reports[source] = (float(pressure), now)
+        self.departed.pop(source, None)  # back after a long stall
         return self.view()
 
     def view(self) -> ClusterView:
         self._prune(time.monotonic())
         sources = {k: value for k, (value, _) in self.reports.items()}
-        return ClusterView(sum(sources.values()), dict(self.workers), sources)
+        return ClusterView(sum(sources.values()), dict(self.workers), sources, sorted(self.departed))
 
     def total(self) -> float:
         return self.view().pressure

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from raysd.config import DrafterConfig, EngineConfig, PolicyConfig
 from raysd.models import DEMO_DRAFT, DEMO_TARGET, REPO_ROOT
@@ -82,6 +82,13 @@ class RouterConfig(_Strict):
     max_ongoing_requests: int = Field(default=256, gt=0)
     max_queued_requests: int = Field(default=64, ge=-1)
     max_body_bytes: int = Field(default=1_000_000, gt=0, description="Larger request bodies get 413.")
+    drain_timeout_s: float = Field(default=60.0, gt=0, description="On shutdown or redeploy a router replica "
+                                                                    "keeps serving its in-flight requests this long.")
+    max_waiting: int = Field(default=128, ge=0, description="Requests queued for a batch slot beyond this get a fast "
+                                                            "503 with Retry-After (admission control).")
+    api_key: SecretStr | None = Field(default=None, description="When set, every route but /health needs "
+                                                                 "'Authorization: Bearer <key>' (else 401). "
+                                                                 "`raysd serve` reads --api-key / RAYSD_API_KEY.")
     placement: Placement = Placement()
 
 

@@ -17,7 +17,7 @@ import torch
 
 from raysd.drafting import DraftProposal, ModelDrafter, NgramDrafter
 from raysd.models import load_causal_lm
-from raysd.sequence import Sequence
+from raysd.sequence import Sequence, origin_of
 from raysd.serve.cluster import WorkerInfo, replica_tag
 from raysd.serve.config import DraftWorkerConfig
 from raysd.serve.placement import actor_options
@@ -38,9 +38,14 @@ class DraftActor:
 
     def propose(self, sequences: list[Sequence], ks: list[int],
                 observed: tuple[list[str], list[int]] | None = None,
-                trace_carrier: dict[str, str] | None = None) -> DraftProposal:
+                trace_carrier: dict[str, str] | None = None, orphan_origins: list[str] | None = None) -> DraftProposal:
         """Apply last round's acceptance (``observed``), then draft ``ks[i]`` tokens for ``sequences[i]``.
-        ``trace_carrier``: the round's span context; the draft work is recorded as its child span."""
+        ``trace_carrier``: the round's span context; the draft work is recorded as its child span.
+        ``orphan_origins``: tags of routers gone for good; their sequences' caches are freed first."""
+        table = getattr(self.drafter, "table", None)
+        if orphan_origins and table is not None:
+            origins = set(orphan_origins)
+            self.drafter.release([s for s in list(table.row_of) if origin_of(s) in origins])
         attributes = {"raysd.draft.rows": len(sequences), "raysd.draft.max_k": max(ks, default=0),
                       "raysd.draft.tokens": sum(ks), "raysd.worker.pid": os.getpid()}
         with remote_span("raysd.draft", trace_carrier, attributes):

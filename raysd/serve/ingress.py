@@ -6,10 +6,10 @@ status (503 for a retryable server-side failure).
 """
 
 import asyncio
+import hmac
 import json
 import logging
 import time
-import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -34,10 +34,11 @@ from raysd.api import (
 )
 from raysd.config import SamplingParams, SpeculationMode
 from raysd.models import load_tokenizer
+from raysd.sequence import process_tag
 from raysd.serve.config import RouterConfig
 from raysd.serve.metrics_export import ServingMetrics
 from raysd.serve.request_trace import end_request_span, start_request_span
-from raysd.serve.router import RequestStream, RoundLoop
+from raysd.serve.router import NonFiniteLogitsError, RequestStream, RoundLoop
 from raysd.serve.text import IncrementalDetokenizer
 
 logger = logging.getLogger("raysd.ingress")
@@ -87,6 +88,29 @@ async def _method_not_allowed(request: Request, error):
     return APIError(405, f"method {request.method} not allowed on {request.url.path}").response()
 
 
+def _openapi_with_request_bodies() -> dict:
+    """FastAPI's schema plus the request bodies the generation routes parse themselves (they read the raw
+    body to enforce the size limit and answer in OpenAI's error shape), so clients and fuzzers see them."""
+    if api.openapi_schema:
+        return api.openapi_schema
+    from fastapi.openapi.utils import get_openapi
+
+    schema = get_openapi(title=api.title, version="0.1.0", description=api.description, routes=api.routes)
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    for path, model in (("/v1/completions", CompletionRequest), ("/v1/chat/completions", ChatCompletionRequest)):
+        body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(body.pop("$defs", {}))
+        components[model.__name__] = body
+        schema["paths"][path]["post"]["requestBody"] = {
+            "required": True, "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/"
+                                                                                   f"{model.__name__}"}}}}
+    api.openapi_schema = schema
+    return schema
+
+
+api.openapi = _openapi_with_request_bodies
+
+
 @serve.ingress(api)
 class Router:
     """Serve ingress deployment: tokenizes, submits to the round loop, answers in OpenAI's shapes."""
@@ -100,7 +124,7 @@ class Router:
         self.monitor = monitor_handle
         self.worker_handles = worker_handles
         self.cluster_pressure = 0.0
-        self.router_id = f"router-{uuid.uuid4().hex[:8]}"
+        self.router_id = f"router-{process_tag()}"  # the tag in every sequence id this router makes
         self.loop = RoundLoop(config, self.tokenizer.eos_token_id, pressure_source=lambda: self.cluster_pressure,
                               drafts_configured=drafts_configured)
         self._pressure_task: asyncio.Task | None = None
@@ -130,7 +154,18 @@ class Router:
         self._ensure_reporter()
 
     # ----------------------------------------------------------------------------------- parsing
+    def _authorize(self, request: Request) -> None:
+        """With an API key configured, require ``Authorization: Bearer <key>`` (constant-time compare)."""
+        if self.config.api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        expected = self.config.api_key.get_secret_value().encode()
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
+            raise APIError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
+                           type_="authentication_error", code="invalid_api_key")
+
     async def _parse(self, request: Request, schema):
+        self._authorize(request)
         body = await request.body()
         if len(body) > self.config.max_body_bytes:
             raise APIError(413, f"request body of {len(body)} bytes exceeds the limit of "
@@ -189,6 +224,8 @@ class Router:
                         self.metrics.observe_gap(segment, now - last)
                     last = now
                 if burst is None:
+                    if isinstance(stream.error, NonFiniteLogitsError):
+                        raise APIError(500, str(stream.error), type_="server_error", code="non_finite_logits")
                     if stream.error is not None:
                         raise APIError(503, str(stream.error), type_="service_unavailable",
                                        code="worker_unavailable")
@@ -219,6 +256,10 @@ class Router:
         params, segment = self._sampling(parsed, len(prompt_ids), max_tokens, route,
                                          request.headers.get("x-raysd-workload"))
         self._ensure_reporter()
+        if len(self.loop.engine.waiting) >= self.config.max_waiting:
+            raise APIError(503, f"the server is at capacity ({len(self.loop.engine.waiting)} requests already wait "
+                                "for a batch slot); retry after a moment", type_="service_unavailable",
+                           code="overloaded")
         span = start_request_span(request.headers, "chat" if chat else "text_completion", parsed,
                                   len(prompt_ids), segment)
         stream = self.loop.submit(prompt_ids, params, segment, span=span)
@@ -315,7 +356,11 @@ class Router:
             return error.response()
 
     @api.get("/v1/models")
-    async def models(self):
+    async def models(self, request: Request):
+        try:
+            self._authorize(request)
+        except APIError as error:
+            return error.response()
         return {"object": "list", "data": [{"id": self.config.model_alias, "object": "model", "owned_by": "raysd",
                                             "max_model_len": self.config.engine.max_model_len}]}
 
@@ -328,5 +373,9 @@ class Router:
         return {"cluster_pressure": self.cluster_pressure, **self.loop.state()}
 
     @api.get("/metrics")
-    async def metrics(self):
+    async def metrics(self, request: Request):
+        try:
+            self._authorize(request)
+        except APIError as error:
+            return error.response()
         return PlainTextResponse(self.metrics.render(self._state()), media_type="text/plain; version=0.0.4")

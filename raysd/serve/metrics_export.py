@@ -77,7 +77,11 @@ class ServingMetrics:
                              ["reason"], registry=self.registry)
         self.fallbacks = Counter("raysd:draft_fallbacks", "Draft calls that failed; their rows decoded with k=0.",
                                  registry=self.registry)
+        self.aborted = Counter("raysd:requests_aborted", "Requests whose client disconnected before the end "
+                               "(their sequences left the batch and their cache slots were freed).",
+                               registry=self.registry)
         self._fallbacks_seen = 0
+        self._aborted_seen = 0
         self.ray = None
         if mirror_to_ray:
             try:
@@ -120,6 +124,10 @@ class ServingMetrics:
         if new_fallbacks > 0:
             self.fallbacks.inc(new_fallbacks)
             self._fallbacks_seen = state["draft_failures"]
+        new_aborted = state["aborted"] - self._aborted_seen
+        if new_aborted > 0:
+            self.aborted.inc(new_aborted)
+            self._aborted_seen = state["aborted"]
         if self.ray is not None:
             self.ray.running.set(state["running"])
             self.ray.waiting.set(state["waiting"])

@@ -38,6 +38,10 @@ class TargetUnavailableError(RuntimeError):
     """The target worker failed, timed out or is not up yet for this request (retryable)."""
 
 
+class NonFiniteLogitsError(RuntimeError):
+    """The target produced NaN/inf logits for this request (not retryable as is: greedy would repeat it)."""
+
+
 @dataclass
 class RequestStream:
     """What the round loop hands to a request: token bursts, then ``None`` at the end."""
@@ -62,6 +66,8 @@ class RoundLoop:
         self.streams: dict[str, RequestStream] = {}
         self.draft_failures = 0
         self.target_failures = 0
+        self.aborted = 0  # requests whose client went away before the end
+        self.orphan_origins: list[str] = []  # tags of routers gone silent: workers free their sequences
         self.draft_down_until = 0.0
         self.targets_missing_since: float | None = None
         self.pending_release: list[str] = []
@@ -87,6 +93,7 @@ class RoundLoop:
             return
         sequence = stream.sequence
         sequence.finish_reason = "abort"
+        self.aborted += 1
         if sequence in self.engine.waiting:
             self.engine.waiting.remove(sequence)
             return
@@ -105,6 +112,8 @@ class RoundLoop:
             self._fail_pinned([s for s in self.engine.running if s.seq_id in lost],
                               "the target model worker holding this request went away")
         self.drafts.update(view.workers)
+        self.orphan_origins = [source.removeprefix("router-") for source in view.departed
+                               if source.startswith("router-")]
         if self.targets.available:
             self._wakeup.set()
 
@@ -225,7 +234,7 @@ class RoundLoop:
         for worker, rows in zip(workers, by_draft.values()):
             observed, worker.pending_observe = worker.pending_observe, None
             call = worker.actors[0].propose.remote([plan.batch[r] for r in rows], [ks[r] for r in rows], observed,
-                                                   carrier)
+                                                   carrier, self.orphan_origins)
             calls.append(asyncio.wait_for(call, timeout=self.config.draft_timeout_s))
         parts = []
         for worker, rows, outcome in zip(workers, by_draft.values(),
@@ -251,7 +260,7 @@ class RoundLoop:
         sequences = [plan.batch[r] for r in rows]
         part = select_rows(proposal, rows)
         try:
-            calls = [rank.verify.remote(sequences, part, carrier) for rank in worker.actors]
+            calls = [rank.verify.remote(sequences, part, carrier, self.orphan_origins) for rank in worker.actors]
             results = await asyncio.wait_for(asyncio.gather(*calls), timeout=self.config.target_timeout_s)
         except Exception as error:
             self.target_failures += 1
@@ -279,7 +288,9 @@ class RoundLoop:
             stream = self.streams.pop(sequence.seq_id, None)
             if stream is not None:
                 if sequence.finish_reason == "error":
-                    stream.error = RuntimeError("the target produced non-finite logits for this request")
+                    stream.error = NonFiniteLogitsError(
+                        "the target model produced non-finite (NaN/inf) logits for this request; the other "
+                        "requests in its batch were not affected. Check the model weights and dtype")
                 stream.queue.put_nowait(None)
             self.pending_release.append(sequence.seq_id)
 
@@ -306,7 +317,7 @@ class RoundLoop:
             "reason": ("draft_unavailable" if not self.drafting_available else
                        "pressure" if not gate.speculation_on else "ok"),
             "pressure": last.pressure if last else 0.0, "draft_failures": self.draft_failures,
-            "target_failures": self.target_failures,
+            "target_failures": self.target_failures, "aborted": self.aborted,
             "workers": {"targets": self.targets.describe(), "drafts": self.drafts.describe()},
             "acceptance": self.engine.aggregator.summary(),
             "round_timing": self.engine.aggregator.timing(),

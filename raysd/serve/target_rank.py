@@ -19,7 +19,7 @@ import torch
 
 from raysd.drafting import DraftProposal
 from raysd.models import load_causal_lm
-from raysd.sequence import Sequence
+from raysd.sequence import Sequence, origin_of
 from raysd.serve.config import TargetWorkerConfig
 from raysd.telemetry import remote_span
 from raysd.tensor_parallel import free_port, join_group, shard
@@ -56,9 +56,14 @@ class TargetRank:
                 "kv_heads": self.verifier.cache.layers[0].keys.shape[1]}
 
     def verify(self, sequences: list[Sequence], proposal: DraftProposal,
-               trace_carrier: dict[str, str] | None = None) -> VerifyResult:
+               trace_carrier: dict[str, str] | None = None, orphan_origins: list[str] | None = None) -> VerifyResult:
         """Verify ``proposal`` for ``sequences`` (rows in order); ``trace_carrier``: the round's span
-        context — this rank's verify work is recorded as its child span."""
+        context — this rank's verify work is recorded as its child span. ``orphan_origins``: tags of routers
+        gone for good; their sequences' cache rows are freed first (inside this call, so every rank of the
+        group changes its rows at the same point of the same call sequence)."""
+        if orphan_origins:
+            origins = set(orphan_origins)
+            self.verifier.release([s for s in list(self.verifier.table.row_of) if origin_of(s) in origins])
         attributes = {"raysd.verify.rows": len(sequences), "raysd.verify.max_k": int(proposal.token_ids.shape[1]),
                       "raysd.tp.rank": self.rank, "raysd.tp.size": self.config.tp_size,
                       "raysd.worker.pid": os.getpid()}

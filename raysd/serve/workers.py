@@ -89,4 +89,4 @@ class WorkerPool:
 
     def describe(self) -> list[dict]:
         return [{"worker_id": w.worker_id, "actors": len(w.actors), "sequences": len(w.sequences),
-                 "capacity": w.capacity} for w in self.workers.values()]
+                 "held_by_worker": w.reported_load, "capacity": w.capacity} for w in self.workers.values()]
