@@ -33,6 +33,8 @@ class DraftProposal:
     draft_probs: torch.Tensor | None  # [num_seqs, max_k, vocab] for sampled rows (greedy rows: unused)
     seconds: float = 0.0
     forward_steps: int = 0
+    # what the round paid for drafting as its caller saw it (remote call included); None = ``seconds``
+    cost_seconds: float | None = None
 
 
 class Drafter(Protocol):
