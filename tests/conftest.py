@@ -1,3 +1,4 @@
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -54,3 +55,29 @@ def serve_url():
     yield url
     serve.shutdown()
     ray.shutdown()
+
+
+@contextlib.contextmanager
+def extra_app(serve_url: str, name: str, config: dict, telemetry_env: dict | None = None):
+    """Deploy another raysd app (``config``: ServerConfig fields) on the session's Ray at ``/<name>``;
+    yields its base URL and deletes it afterwards."""
+    from ray import serve
+
+    from raysd.serve.app import build_app
+    from raysd.serve.config import ServerConfig
+
+    serve.run(build_app(ServerConfig.model_validate(config), telemetry_env=telemetry_env), name=f"raysd-{name}",
+              route_prefix=f"/{name}")
+    try:
+        yield f"{serve_url}/{name}"
+    finally:
+        serve.delete(f"raysd-{name}")
+
+
+def small_target_app(max_model_len: int = 512, max_num_seqs: int = 2, **router) -> dict:
+    """Target alone (no draft, speculation off): quick to start, for tests about the HTTP surface."""
+    return {"draft": None,
+            "target": {"model_dir": str(DEMO_TARGET), "max_model_len": max_model_len, "max_num_seqs": 8,
+                       "placement": {"resources": {"target_device": 1}}},
+            "router": {"engine": {"max_model_len": max_model_len, "max_num_seqs": max_num_seqs},
+                       "policy": {"mode": "off"}, **router}}

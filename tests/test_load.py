@@ -12,9 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from conftest import extra_app, small_target_app
 
 from raysd.fingerprint import analyse, record_stream
-from raysd.models import DEMO_TARGET
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -105,18 +105,8 @@ def test_fingerprint_separates_bursty_from_smooth_synthetic_streams():
 @pytest.fixture(scope="module")
 def plain_url(serve_url):
     """The demo target alone (no draft, speculation off) as a second app on the session's Ray."""
-    from ray import serve
-
-    from raysd.serve.app import build_app
-    from raysd.serve.config import ServerConfig
-
-    config = ServerConfig.model_validate({
-        "draft": None, "target": {"model_dir": str(DEMO_TARGET), "max_model_len": 512,
-                                  "placement": {"resources": {"target_device": 1}}},
-        "router": {"engine": {"max_model_len": 512, "max_num_seqs": 4}, "policy": {"mode": "off"}}})
-    serve.run(build_app(config), name="raysd-plain", route_prefix="/plain")
-    yield f"{serve_url}/plain"
-    serve.delete("raysd-plain")
+    with extra_app(serve_url, "plain", small_target_app(max_num_seqs=4)) as url:
+        yield url
 
 
 def test_fingerprint_tells_our_server_with_speculation_on_from_off(serve_url, plain_url, tmp_path):

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 import requests
-
-from raysd.models import DEMO_TARGET
+from conftest import extra_app, small_target_app
 
 pytestmark = pytest.mark.slow
 MODEL = "raysd-demo"
 KEY = "test-secret-key"
+GUARDED = small_target_app(max_waiting=2, api_key=KEY)
 
 
 def _error(response, status):
@@ -66,20 +66,8 @@ def test_malformed_bodies_and_huge_bodies_are_refused(serve_url):
 @pytest.fixture(scope="module")
 def guarded_url(serve_url):
     """A small app on the session's Ray: API key, 2 batch slots, at most 2 waiting (no draft: quick start)."""
-    from pydantic import SecretStr
-    from ray import serve
-
-    from raysd.serve.app import build_app
-    from raysd.serve.config import ServerConfig
-
-    config = ServerConfig.model_validate({
-        "draft": None, "target": {"model_dir": str(DEMO_TARGET), "max_model_len": 512, "max_num_seqs": 4,
-                                  "placement": {"resources": {"target_device": 1}}},
-        "router": {"engine": {"max_model_len": 512, "max_num_seqs": 2}, "policy": {"mode": "off"},
-                   "max_waiting": 2, "api_key": SecretStr(KEY)}})
-    serve.run(build_app(config), name="raysd-guarded", route_prefix="/guarded")
-    yield f"{serve_url}/guarded"
-    serve.delete("raysd-guarded")
+    with extra_app(serve_url, "guarded", GUARDED) as url:
+        yield url
 
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -143,7 +131,6 @@ def test_client_disconnect_frees_the_sequence_and_is_counted(guarded_url):
 
 def test_redeploy_drains_in_flight_streams(guarded_url):
     """A new router config rolls out while a stream is in flight: the old replica finishes the stream."""
-    from pydantic import SecretStr
     from ray import serve
 
     from raysd.serve.app import build_app
@@ -159,11 +146,7 @@ def test_redeploy_drains_in_flight_streams(guarded_url):
                 continue
             events.append(line.decode())
             if len(events) == 1:
-                config = ServerConfig.model_validate({
-                    "draft": None, "target": {"model_dir": str(DEMO_TARGET), "max_model_len": 512, "max_num_seqs": 4,
-                                              "placement": {"resources": {"target_device": 1}}},
-                    "router": {"engine": {"max_model_len": 512, "max_num_seqs": 2}, "policy": {"mode": "off"},
-                               "max_waiting": 3, "api_key": SecretStr(KEY)}})
+                config = ServerConfig.model_validate({**GUARDED, "router": {**GUARDED["router"], "max_waiting": 3}})
                 threading.Thread(target=serve.run, args=(build_app(config),),
                                  kwargs={"name": "raysd-guarded", "route_prefix": "/guarded"}, daemon=True).start()
     assert events[-1] == "data: [DONE]" and not any('"error"' in e for e in events)
@@ -182,19 +165,8 @@ def test_redeploy_drains_in_flight_streams(guarded_url):
 @pytest.fixture(scope="module")
 def fuzz_url(serve_url):
     """A small-context app for fuzzing (every accepted case generates at most 48 tokens)."""
-    from ray import serve
-
-    from raysd.serve.app import build_app
-    from raysd.serve.config import ServerConfig
-
-    config = ServerConfig.model_validate({
-        "draft": None, "target": {"model_dir": str(DEMO_TARGET), "max_model_len": 48, "max_num_seqs": 8,
-                                  "placement": {"resources": {"target_device": 1}}},
-        "router": {"engine": {"max_model_len": 48, "max_num_seqs": 8}, "policy": {"mode": "off"},
-                   "max_waiting": 256}})
-    serve.run(build_app(config), name="raysd-fuzz", route_prefix="/fuzz")
-    yield f"{serve_url}/fuzz"
-    serve.delete("raysd-fuzz")
+    with extra_app(serve_url, "fuzz", small_target_app(max_model_len=48, max_num_seqs=8, max_waiting=256)) as url:
+        yield url
 
 
 def test_schemathesis_finds_no_server_error_in_over_1000_cases(fuzz_url, tmp_path):

@@ -7,7 +7,7 @@ import time
 import pytest
 import requests
 import torch
-from conftest import SERVE_PORT as PORT
+from conftest import extra_app
 
 from raysd.models import DEMO_DRAFT, DEMO_TARGET
 
@@ -25,23 +25,16 @@ def server(serve_url):
 @pytest.fixture(scope="module")
 def tp2_server(server):
     """A second app on the same cluster: the target sharded over 2 rank actors (DeepSpeed AutoTP, gloo)."""
-    from ray import serve
-
-    from raysd.serve.app import build_app
-    from raysd.serve.config import ServerConfig
-
-    config = ServerConfig.model_validate({
-        "port": PORT,
+    config = {
         "target": {"model_dir": str(DEMO_TARGET), "max_model_len": 512, "tp_size": 2,
                    "placement": {"resources": {"target_device": 1}}},
         "draft": {"model_dir": str(DEMO_DRAFT), "max_model_len": 512,
                   "placement": {"resources": {"draft_device": 1}}},
         "router": {"engine": {"max_model_len": 512, "max_num_seqs": 16},
                    "policy": {"mode": "on", "k": 4}, "target_timeout_s": 60.0},
-    })
-    serve.run(build_app(config), name="raysd-tp2", route_prefix="/tp2")
-    yield f"{server}/tp2"
-    serve.delete("raysd-tp2")
+    }
+    with extra_app(server, "tp2", config) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

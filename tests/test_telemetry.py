@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
+from conftest import extra_app
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -70,22 +71,16 @@ def receiver():
 
 @pytest.fixture(scope="module")
 def traced_url(serve_url, receiver):
-    from ray import serve
-
-    from raysd.serve.app import build_app
-    from raysd.serve.config import ServerConfig
-
-    config = ServerConfig.model_validate({
+    config = {
         "target": {"model_dir": str(DEMO_TARGET), "max_model_len": 512,
                    "placement": {"resources": {"target_device": 1}}},
         "draft": {"model_dir": str(DEMO_DRAFT), "max_model_len": 512, "placement": {"resources": {"draft_device": 1}}},
         "router": {"engine": {"max_model_len": 512, "max_num_seqs": 16}, "policy": {"mode": "on", "k": 4}},
-    })
+    }
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver[0], "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
            "OTEL_SERVICE_NAME": "raysd-test", "OTEL_BSP_SCHEDULE_DELAY": "100"}
-    serve.run(build_app(config, telemetry_env=env), name="raysd-traced", route_prefix="/traced")
-    yield f"{serve_url}/traced"
-    serve.delete("raysd-traced")
+    with extra_app(serve_url, "traced", config, telemetry_env=env) as url:
+        yield url
 
 
 def _wait_for(spans, predicate, timeout=60.0):
