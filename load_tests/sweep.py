@@ -151,6 +151,39 @@ def ratios(rows: list[dict]) -> dict:
     return result
 
 
+def markdown_summary(rows: list[dict], figures: dict) -> str:
+    """Tables for docs: output tokens/s per policy and concurrency, the ratios, TTFT and acceptance."""
+    levels = sorted({r["concurrency"] for r in rows})
+    table = {(r["policy"], r["workload"], r["concurrency"]): r for r in rows}
+    lines = []
+    for workload, figure in figures.items():
+        lines += [f"### {workload}", "", "| | " + " | ".join(f"c={c}" for c in levels) + " |",
+                  "|---|" + "---|" * len(levels)]
+        for policy in ("off", "on", "adaptive"):
+            cells = [table.get((policy, workload, c)) for c in levels]
+            if any(cells):
+                lines.append(f"| {policy} tok/s | " + " | ".join(f"{r['tokens_per_s']:.0f}" if r else "" for r in cells)
+                             + " |")
+        for label, key in (("adaptive / max(off, on)", "adaptive_vs_best"), ("TTFT on / off", "ttft_on_vs_off"),
+                           ("TTFT adaptive / off", "ttft_adaptive_vs_off")):
+            values = figure[key]
+            lines.append(f"| {label} | " + " | ".join(f"{values[c]:.2f}" if c in values else "" for c in levels)
+                         + " |")
+        for policy in ("on", "adaptive"):
+            cells = [table.get((policy, workload, c)) for c in levels]
+            if any(cells):
+                lines.append(f"| {policy} acceptance | " + " | ".join(
+                    f"{r['acceptance_rate']:.2f}" if r and r["acceptance_rate"] is not None else "–" for r in cells)
+                    + " |")
+        for policy in ("off", "on", "adaptive"):
+            cells = [table.get((policy, workload, c)) for c in levels]
+            if any(cells):
+                lines.append(f"| {policy} tokens/chunk | " + " | ".join(
+                    f"{r['tokens_per_chunk']:.2f}" if r and r["tokens_per_chunk"] else "" for r in cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="json only, concurrency 1 and 4, 5 s per point")
@@ -201,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         writer.writerows(rows)
     figures = ratios(rows)
     (args.out / "ratios.json").write_text(json.dumps(figures, indent=2))
+    (args.out / "summary.md").write_text(markdown_summary(rows, figures))
     plots = plot_all(rows, args.out)
     for workload, figure in figures.items():
         best = ", ".join(f"c={c}: {v:.2f}" for c, v in figure["adaptive_vs_best"].items())
