@@ -8,8 +8,12 @@ For each sequence the policy picks k ∈ {0..k_max} maximising ``E / (k·c + v(k
 when that beats plain decoding (k = 0, value 1) by ``min_gain``. A pressure gate with hysteresis turns
 speculation off for everyone above ``pressure_high`` and back on below ``pressure_low``.
 
+The decision is per round, not per sequence: a verify is as wide as its longest draft, so one row at k
+makes the whole batch pay for k. The round's k maximises the batch's expected tokens (each row with its own
+segment's α) per unit of cost; every row that may speculate gets it.
+
 Every decision carries a reason: ``opt_out``, ``fixed``, ``warmup``, ``pressure``, ``low_acceptance``
-(k = 0: nothing pays), ``probe`` (one round at k to re-measure a segment held at k = 0) or ``adaptive``
+(k = 0: nothing pays), ``probe`` (a k = 1 round to re-measure a segment held at k = 0) or ``adaptive``
 (k ≥ 1 chosen by the model).
 """
 
@@ -157,44 +161,69 @@ class SpeculationPolicy:
         self.gate = PressureGate(config.pressure_high, config.pressure_low)
         self._rounds_without_drafts: dict[str, int] = {}
 
-    def best_k(self, alpha: float, num_seqs: int, k_limit: int) -> tuple[int, float]:
-        best_k, best_value = 0, 1.0
-        for k in range(1, k_limit + 1):
-            value = self.costs.speedup(alpha, k, num_seqs)
+    def best_round_k(self, alphas: list[float], k_limits: list[int], num_seqs: int) -> tuple[int, float]:
+        """One k for the round's speculating rows, maximising the batch's tokens per unit of verify cost.
+
+        A verify forward is as wide as its longest draft (rows are padded to max k + 1) and a draft step runs
+        over every row, so the round's cost is set by the largest k for everyone: ``k·c + v(k, num_seqs)``.
+        Each speculating row i then emits ``E(α_i, min(k, limit_i))`` tokens, every other row 1. Returns
+        ``(k, gain over plain decoding)``; (0, 1.0) unless the gain reaches ``min_gain``.
+        """
+        others = num_seqs - len(alphas)
+        best_k, best_value = 0, float(num_seqs)
+        for k in range(1, max(k_limits, default=0) + 1):
+            emitted = others + sum(expected_tokens(alpha, min(k, limit)) for alpha, limit in zip(alphas, k_limits))
+            value = emitted / (k * self.costs.c(num_seqs) + self.costs.v(k, num_seqs))
             if value > best_value:
                 best_k, best_value = k, value
-        if best_value < self.config.min_gain:
+        gain = best_value / num_seqs
+        if gain < self.config.min_gain:
             return 0, 1.0
-        return best_k, best_value
+        return best_k, gain
 
     def decide(self, segments: list[str], opt_out: list[bool], k_limits: list[int],
                pressure: float) -> Decision:
-        """``k_limits[i]``: most drafts sequence i can use (room left in its budget and context)."""
+        """``k_limits[i]``: most drafts sequence i can use (room left in its budget and context).
+
+        Adaptive mode decides once per round (see ``best_round_k``) from every row's segment acceptance;
+        all rows that may speculate get that k. A segment still warming up raises it to ``k`` (reason
+        ``warmup``); a segment held at k = 0 for ``probe_every`` rounds gets a k = 1 round (``probe``) so its
+        acceptance stays measured — cheap, since a probe widens the verify by one token only.
+        """
         speculation_on = self.gate.update(pressure)
         num_seqs = len(segments)
-        ks, reasons, gains = [], [], []
-        for segment, off, limit in zip(segments, opt_out, k_limits):
-            k, reason, gain = 0, "", 1.0
+        ks, reasons = [0] * num_seqs, [""] * num_seqs
+        eligible = []
+        for row, (off, limit) in enumerate(zip(opt_out, k_limits)):
             if off or self.config.mode == SpeculationMode.off:
-                reason = "opt_out" if off else "off"
+                reasons[row] = "opt_out" if off else "off"
             elif self.config.mode == SpeculationMode.on:
-                k, reason = self.config.k, "fixed"
+                ks[row], reasons[row] = max(0, min(self.config.k, limit)), "fixed"
             elif not speculation_on:
-                reason = "pressure"
-            elif self.acceptance.rounds(segment) < self.config.warmup_rounds:
-                k, reason = self.config.k, "warmup"
+                reasons[row] = "pressure"
             else:
-                k, gain = self.best_k(self.acceptance.alpha(segment), num_seqs,
-                                      min(self.config.k_max, limit))
-                reason = "adaptive" if k else "low_acceptance"
-                idle = self._rounds_without_drafts.get(segment, 0)
-                if k == 0 and idle >= self.config.probe_every:
-                    k, reason = self.config.k, "probe"
-                self._rounds_without_drafts[segment] = 0 if k else idle + 1
-            ks.append(max(0, min(k, limit)))
-            reasons.append(reason)
-            gains.append(gain)
-        return Decision(ks, reasons, pressure, speculation_on, gains)
+                eligible.append(row)
+        gain = 1.0
+        if eligible:
+            limits = [min(self.config.k_max, k_limits[row]) for row in eligible]
+            k_round, gain = self.best_round_k([self.acceptance.alpha(segments[row]) for row in eligible], limits,
+                                              num_seqs)
+            reason = "adaptive" if k_round else "low_acceptance"
+            warming = {segments[row] for row in eligible
+                       if self.acceptance.rounds(segments[row]) < self.config.warmup_rounds}
+            idle = {segments[row] for row in eligible
+                    if self._rounds_without_drafts.get(segments[row], 0) >= self.config.probe_every}
+            if warming and k_round < self.config.k:
+                k_round, reason = self.config.k, "warmup"
+            elif idle and k_round == 0:
+                k_round, reason = 1, "probe"
+            for row, limit in zip(eligible, limits):
+                ks[row], reasons[row] = max(0, min(k_round, limit)), reason
+            for segment in {segments[row] for row in eligible}:
+                drafted = any(ks[row] for row in eligible if segments[row] == segment)
+                self._rounds_without_drafts[segment] = 0 if drafted else \
+                    self._rounds_without_drafts.get(segment, 0) + 1
+        return Decision(ks, reasons, pressure, speculation_on, [gain] * num_seqs)
 
     def observe_round(self, segments: list[str], drafted: list[int], accepted: list[int]) -> None:
         for segment, num_drafted, num_accepted in zip(segments, drafted, accepted):

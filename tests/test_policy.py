@@ -53,15 +53,29 @@ def test_low_acceptance_segment_is_reprobed_and_recovers():
     assert recovered[-1][0] > 0 and recovered[-1][1] == "adaptive"
 
 
-def test_segments_are_tracked_separately():
+def test_segments_are_tracked_separately_and_decide_the_round_together():
     rng = random.Random(2)
     policy = SpeculationPolicy(PolicyConfig(warmup_rounds=3))
     _simulate(policy, 0.9, 100, "json", rng)
     _simulate(policy, 0.1, 100, "prose", rng)
     assert policy.acceptance.alpha("json") > 0.8 > 0.2 > policy.acceptance.alpha("prose")
-    decision = policy.decide(["json", "prose"], [False, False], [16, 16], pressure=2)
-    assert decision.ks[0] > 0 and decision.reasons[0] == "adaptive"
-    assert decision.ks[1] == 0 and decision.reasons[1] in ("low_acceptance", "probe")
+    prose_only = policy.decide(["prose", "prose"], [False, False], [16, 16], pressure=2)
+    assert prose_only.ks == [0, 0] and prose_only.reasons[0] in ("low_acceptance", "probe")
+    # one verify is as wide as its longest draft: once json makes the round speculate, prose rides along
+    mixed = policy.decide(["json", "prose"], [False, False], [16, 16], pressure=2)
+    assert mixed.ks[0] > 0 and mixed.ks[0] == mixed.ks[1] and set(mixed.reasons) == {"adaptive"}
+    # ... but one json row does not make 31 prose rows pay for a wide verify
+    crowd = policy.decide(["json"] + ["prose"] * 31, [False] * 32, [16] * 32, pressure=2)
+    assert set(crowd.ks) == {0}
+
+
+def test_a_probe_does_not_widen_every_round_of_a_big_batch():
+    """Regression: probes were counted per sequence, so at batch 32 every round had a k=4 row."""
+    rng = random.Random(4)
+    policy = SpeculationPolicy(PolicyConfig(warmup_rounds=2, probe_every=16))
+    _simulate(policy, 0.05, 60, "prose", rng, num_seqs=32)
+    widths = [max(policy.decide(["prose"] * 32, [False] * 32, [16] * 32, pressure=32).ks) for _ in range(64)]
+    assert widths.count(0) >= 60 and max(widths) == 1  # about one k=1 probe per 16 rounds
 
 
 def test_pressure_gate_has_hysteresis_and_does_not_flap():
