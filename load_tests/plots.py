@@ -30,7 +30,7 @@ def _per_workload(rows, out: Path, name: str, title: str, ylabel: str, draw) -> 
         axis.set_ylabel(ylabel)
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
-    fig.suptitle(title)
+    fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     path = out / f"{name}.png"
     fig.savefig(path, dpi=110)
@@ -89,7 +89,7 @@ def plot_all(rows: list[dict], out: Path) -> list[Path]:
             axis.set_xlabel("gap between streamed chunks (ms)")
             axis.set_ylabel("chunks")
             axis.legend(fontsize=8)
-        fig.suptitle("Inter-chunk gaps: speculation streams in bursts (fewer, longer gaps)")
+        fig.suptitle("Gaps between streamed chunks: speculation sends\nfewer, longer-spaced bursts", fontsize=10)
         fig.tight_layout()
         paths.append(out / "itl_hist.png")
         fig.savefig(paths[-1], dpi=110)
