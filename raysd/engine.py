@@ -164,13 +164,14 @@ class SpecEngine:
                 finished.append(sequence)
 
         self.policy.observe_round([s.segment for s in batch], drafted, result.num_accepted)
-        # the cost model learns what a round pays: in the server that includes the remote calls' overhead,
-        # which makes a k = 0 round (no draft call) relatively cheaper than the models alone suggest
+        # the cost model learns what a round pays: in the server that includes the remote calls' overhead
         verify_cost = result.cost_seconds if result.cost_seconds is not None else result.seconds
         self.policy.costs.observe_target(result.batch_tokens, verify_cost)
         if proposal.forward_steps:
-            draft_cost = proposal.cost_seconds if proposal.cost_seconds is not None else proposal.seconds
-            self.policy.costs.observe_draft(len(batch), draft_cost / proposal.forward_steps)
+            # drafting time scales with steps; a remote call adds a fixed overhead per round on top
+            self.policy.costs.observe_draft(len(batch), proposal.seconds / proposal.forward_steps)
+            if proposal.cost_seconds is not None:
+                self.policy.costs.observe_draft_call(proposal.cost_seconds - proposal.seconds)
         now = time.perf_counter()
         for sequence in finished:
             sequence.finished_at = now

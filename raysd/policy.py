@@ -103,14 +103,30 @@ class CostModel:
 
     def __init__(self, decay: float = 0.98, target_step_seconds: float = 0.015):
         base = target_step_seconds
+        self.decay = decay
         self.target = _OnlineLinearFit(decay, [(1, base), (5, 1.8 * base), (32, 3 * base)])
         self.draft = _OnlineLinearFit(decay, [(1, 0.3 * base), (32, 0.6 * base)])
+        self.draft_call_seconds = 0.0  # fixed cost of asking for drafts at all (a remote call); 0 in-process
+        self._draft_calls = 0
 
     def observe_target(self, batch_tokens: int, seconds: float) -> None:
         self.target.add(batch_tokens, seconds)
 
     def observe_draft(self, rows: int, seconds_per_step: float) -> None:
         self.draft.add(rows, seconds_per_step)
+
+    def observe_draft_call(self, overhead_seconds: float) -> None:
+        """Per-round overhead of the draft call beyond the drafting itself (paid once, whatever k)."""
+        self._draft_calls += 1
+        weight = max(1 - self.decay, 1 / self._draft_calls)  # a plain mean until the EMA takes over
+        self.draft_call_seconds += weight * (max(overhead_seconds, 0.0) - self.draft_call_seconds)
+
+    def round_cost(self, k: int, num_seqs: int) -> float:
+        """A round drafting k tokens per row, in target decode steps at this batch (1.0 at k = 0)."""
+        if k == 0:
+            return 1.0
+        call = self.draft_call_seconds / self.target.predict(num_seqs)
+        return k * self.c(num_seqs) + call + self.v(k, num_seqs)
 
     def c(self, num_seqs: int) -> float:
         """Draft step / target decode step at this batch."""
@@ -121,10 +137,11 @@ class CostModel:
         return self.target.predict(num_seqs * (k + 1)) / self.target.predict(num_seqs)
 
     def speedup(self, alpha: float, k: int, num_seqs: int) -> float:
-        """Leviathan bound ``E(α, k) / (k·c + v(k))`` at this batch; 1.0 at k = 0."""
+        """Leviathan bound ``E(α, k) / (k·c + v(k))`` at this batch (plus the draft call's overhead when
+        drafting is remote); 1.0 at k = 0."""
         if k == 0:
             return 1.0
-        return expected_tokens(alpha, k) / (k * self.c(num_seqs) + self.v(k, num_seqs))
+        return expected_tokens(alpha, k) / self.round_cost(k, num_seqs)
 
 
 class PressureGate:
@@ -173,7 +190,7 @@ class SpeculationPolicy:
         best_k, best_value = 0, float(num_seqs)
         for k in range(1, max(k_limits, default=0) + 1):
             emitted = others + sum(expected_tokens(alpha, min(k, limit)) for alpha, limit in zip(alphas, k_limits))
-            value = emitted / (k * self.costs.c(num_seqs) + self.costs.v(k, num_seqs))
+            value = emitted / self.costs.round_cost(k, num_seqs)
             if value > best_value:
                 best_k, best_value = k, value
         gain = best_value / num_seqs

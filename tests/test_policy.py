@@ -122,3 +122,18 @@ def test_tracker_estimates_alpha_from_prefix_outcomes():
             n += 1
         tracker.observe("s", 4, n)
     assert tracker.alpha("s") == pytest.approx(0.7, abs=0.03)
+
+
+def test_a_remote_draft_call_is_a_fixed_cost_per_round_not_per_step():
+    """Regression: the call overhead was spread over the k steps of a round, so a k = 1 probe made drafting
+    look ~4x dearer per step and held the policy at k = 0 even where speculation doubled throughput."""
+    costs = CostModel(decay=0.9)
+    for _ in range(50):
+        for tokens in (2, 4, 8):
+            costs.observe_target(tokens, 0.012 + 0.0005 * tokens)  # a hop-dominated target step
+        costs.observe_draft(2, 0.002)
+        costs.observe_draft_call(0.006)
+    assert costs.draft_call_seconds == pytest.approx(0.006)
+    assert costs.round_cost(3, 2) == pytest.approx(3 * costs.c(2) + 0.006 / costs.target.predict(2) + costs.v(3, 2))
+    assert costs.speedup(0.85, 3, 2) > 1.4  # still clearly worth it: the overhead is paid once per round
+    assert costs.round_cost(0, 2) == 1.0
