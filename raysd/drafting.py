@@ -35,6 +35,10 @@ class DraftProposal:
     forward_steps: int = 0
     # what the round paid for drafting as its caller saw it (remote call included); None = ``seconds``
     cost_seconds: float | None = None
+    # part of ``seconds`` that is not per-step drafting (prefilling new sequences, catching up on tokens
+    # emitted while the sequence was not drafted) and how many forward steps it absorbed
+    catchup_seconds: float = 0.0
+    catchup_steps: int = 0
 
 
 class Drafter(Protocol):
@@ -60,7 +64,8 @@ def select_rows(proposal: DraftProposal, rows: list[int]) -> DraftProposal:
     width = int(num_draft.max()) if len(rows) else 0
     probs = proposal.draft_probs[index, :width] if proposal.draft_probs is not None else None
     return DraftProposal(proposal.token_ids[index, :width], num_draft, probs, proposal.seconds,
-                         proposal.forward_steps)
+                         proposal.forward_steps, catchup_seconds=proposal.catchup_seconds,
+                         catchup_steps=proposal.catchup_steps)
 
 
 def merge_proposals(num_seqs: int, parts: list[tuple[list[int], DraftProposal]]) -> DraftProposal:
@@ -83,7 +88,8 @@ def merge_proposals(num_seqs: int, parts: list[tuple[list[int], DraftProposal]])
         if part.draft_probs is not None:
             draft_probs[index, :part_width] = part.draft_probs
     slowest = max(parts, key=lambda item: item[1].seconds, default=(None, empty_proposal(0)))[1]
-    return DraftProposal(token_ids, num_draft, draft_probs, slowest.seconds, slowest.forward_steps)
+    return DraftProposal(token_ids, num_draft, draft_probs, slowest.seconds, slowest.forward_steps,
+                         catchup_seconds=slowest.catchup_seconds, catchup_steps=slowest.catchup_steps)
 
 
 def empty_proposal(num_seqs: int) -> DraftProposal:
@@ -134,7 +140,10 @@ class ModelDrafter:
         for tokens, row in zip(pending, request_rows.tolist()):
             inputs[row, : len(tokens)] = torch.tensor(tokens)
             last_index[row] = len(tokens) - 1
+        first_started = time.perf_counter()
         logits = ragged_forward(self.model, self.cache, rows, inputs, self._positions(lengths, width))
+        # a wide first forward is catch-up (tokens emitted while not drafting), not a draft step
+        catchup = (time.perf_counter() - started) if width > 2 else (first_started - started)
         next_logits = logits[torch.arange(num_rows), last_index][request_rows]  # [num_seqs, vocab]
         position = lengths + last_index + 1  # [num_rows]: where the next fed token goes
 
@@ -166,7 +175,8 @@ class ModelDrafter:
             self.cache.lengths[row] = len(sequence.token_ids) + max(k - 1, 0)
         num_draft = torch.tensor(ks, dtype=torch.long)
         token_ids = token_ids * (torch.arange(max_k)[None, :] < num_draft[:, None])
-        return DraftProposal(token_ids, num_draft, draft_probs, time.perf_counter() - started, max_k)
+        return DraftProposal(token_ids, num_draft, draft_probs, time.perf_counter() - started, max_k,
+                             catchup_seconds=catchup, catchup_steps=1 if width > 2 else 0)
 
     def observe(self, seq_ids: list[str], num_accepted: list[int]) -> None:
         for seq_id, accepted in zip(seq_ids, num_accepted):

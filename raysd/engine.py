@@ -167,9 +167,11 @@ class SpecEngine:
         # the cost model learns what a round pays: in the server that includes the remote calls' overhead
         verify_cost = result.cost_seconds if result.cost_seconds is not None else result.seconds
         self.policy.costs.observe_target(result.batch_tokens, verify_cost)
+        steps = proposal.forward_steps - proposal.catchup_steps
+        if steps > 0:  # per-step drafting time, without one-off prefill / catch-up work
+            self.policy.costs.observe_draft(len(batch), (proposal.seconds - proposal.catchup_seconds) / steps)
         if proposal.forward_steps:
-            # drafting time scales with steps; a remote call adds a fixed overhead per round on top
-            self.policy.costs.observe_draft(len(batch), proposal.seconds / proposal.forward_steps)
+            # a remote call adds a fixed overhead per round on top
             if proposal.cost_seconds is not None:
                 self.policy.costs.observe_draft_call(proposal.cost_seconds - proposal.seconds)
         now = time.perf_counter()

@@ -215,3 +215,23 @@ def test_non_finite_logits_fail_only_their_request_and_do_not_poison_the_cache(t
     late = engine.add(prompts[2], SamplingParams(max_tokens=12))  # takes the freed (cleared) row
     engine.run_to_completion()
     assert [s.output_token_ids for s in good + [late]] == healthy
+
+
+def test_draft_timing_separates_catch_up_from_draft_steps(tiny_pair):
+    """The cost model must see per-step drafting time: prefill and catching up on tokens emitted while a
+    sequence was not drafted are one-off work, reported apart (else rare probes look like dear drafting)."""
+    from raysd.sequence import Sequence
+
+    _, draft = tiny_pair
+    drafter = ModelDrafter(draft, 2, 256, 8)
+    sequence = Sequence([5, 9, 33, 2, 17, 23], SamplingParams(max_tokens=40))
+    first = drafter.propose([sequence], [3])
+    assert first.catchup_steps == 0 and 0 < first.catchup_seconds < first.seconds  # prefill only
+    sequence.append(first.token_ids[0, :3].tolist() + [7], None)
+    drafter.observe([sequence.seq_id], [3])
+    steady = drafter.propose([sequence], [3])
+    assert steady.catchup_steps == 0 and steady.catchup_seconds == pytest.approx(0, abs=1e-3)
+    sequence.append([1, 2, 3, 4, 5, 6], None)  # six tokens emitted in plain-decoding rounds meanwhile
+    drafter.observe([sequence.seq_id], [0])
+    resumed = drafter.propose([sequence], [3])
+    assert resumed.catchup_steps == 1 and resumed.catchup_seconds > 0
