@@ -82,3 +82,13 @@ def test_monitor_announces_departed_routers_until_they_report_again():
     monitor.stale_after_s = 60
     monitor.report(f"router-{process_tag()}", 1)  # it was only stalled
     assert monitor.view().departed == []
+
+
+def test_a_draining_worker_keeps_its_sequences_and_gets_new_ones_only_as_a_last_resort():
+    pool = WorkerPool("target")
+    pool.update({"old": WorkerInfo("target", "old", ["r0"], 4, {"draining": 1.0})})
+    assert pool.worker_of("s1").worker_id == "old"  # nothing else is up yet: better than failing the request
+    pool.update({"old": WorkerInfo("target", "old", ["r0"], 4, {"draining": 1.0, "sequences": 1}),
+                 "new": WorkerInfo("target", "new", ["r1"], 4, {"sequences": 3})})
+    assert pool.worker_of("s2").worker_id == "new"  # even though it is busier
+    assert pool.worker_of("s1").worker_id == "old"  # pinned sequences stay

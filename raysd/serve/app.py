@@ -30,12 +30,13 @@ QUIET = {"enable_access_log": False}
 STALE_AFTER_S = 15.0
 
 
-def _worker_deployment(cls, name: str, placement, num_actors: int, runtime_env: dict):
+def _worker_deployment(cls, name: str, placement, num_actors: int, runtime_env: dict, drain_s: float = 20.0):
     """A worker deployment: a light replica (no model) with a placement group for its model actors."""
     options = deployment_options(placement, num_actors)
     options["ray_actor_options"] = {**options["ray_actor_options"], "runtime_env": runtime_env}
     return serve.deployment(cls, name=name, max_ongoing_requests=1000, health_check_period_s=HEALTH_CHECK_PERIOD_S,
-                            health_check_timeout_s=30, logging_config=QUIET, **options)
+                            health_check_timeout_s=30, logging_config=QUIET, graceful_shutdown_timeout_s=drain_s,
+                            **options)
 
 
 def build_app(config: ServerConfig, telemetry_env: dict[str, str] | None = None) -> Application:
@@ -50,7 +51,7 @@ def build_app(config: ServerConfig, telemetry_env: dict[str, str] | None = None)
     monitor = serve.deployment(ClusterMonitor, name="ClusterMonitor", max_ongoing_requests=1000, logging_config=QUIET,
                                ray_actor_options={"num_cpus": 0, "runtime_env": runtime_env}).bind(STALE_AFTER_S)
     target = _worker_deployment(TargetWorker, "TargetWorker", target_cfg.placement, target_cfg.tp_size,
-                                runtime_env).bind(target_cfg, monitor)
+                                runtime_env, target_cfg.drain_timeout_s + 10).bind(target_cfg, monitor)
     draft = None
     if config.draft is not None:
         vocab_size = len(load_tokenizer(target_cfg.model_dir))

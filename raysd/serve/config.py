@@ -64,6 +64,8 @@ class TargetWorkerConfig(_Strict):
     max_model_len: int = Field(default=1024, gt=1)
     k_max: int = Field(default=8, ge=1)
     threads: int = Field(default=1, gt=0)
+    drain_timeout_s: float = Field(default=60.0, gt=0, description="When Serve replaces this replica (redeploy, "
+                                                                    "scale-down) its sequences may finish this long.")
     placement: Placement = Field(default_factory=Placement, description="Resources of each rank (a replica "
                                                                         "reserves tp_size bundles of it).")
 

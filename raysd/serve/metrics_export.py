@@ -36,10 +36,16 @@ SPEC_COUNTERS = (("num_drafts", "Speculative sequence-rounds (k >= 1)."),
 
 
 class _RayMirror:
-    """The same series through ``ray.serve.metrics`` (only inside a Ray worker; silently absent outside)."""
+    """The same series through ``ray.serve.metrics`` (only inside a Ray worker; silently absent outside).
+    Ray's metric names may not contain ':', so there they read ``raysd_spec_decode_…`` (Ray adds ``ray_``)."""
 
     def __init__(self):
-        from ray.serve import metrics as ray_metrics
+        from ray.serve import metrics as base
+
+        class ray_metrics:  # noqa: N801 - same call sites as the module, names made Ray-safe
+            Counter = staticmethod(lambda name, *a, **k: base.Counter(name.replace(":", "_"), *a, **k))
+            Gauge = staticmethod(lambda name, *a, **k: base.Gauge(name.replace(":", "_"), *a, **k))
+            Histogram = staticmethod(lambda name, *a, **k: base.Histogram(name.replace(":", "_"), *a, **k))
 
         self.counters = {name: ray_metrics.Counter(f"raysd:spec_decode_{name}", text, tag_keys=("segment",))
                          for name, text in SPEC_COUNTERS}

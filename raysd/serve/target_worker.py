@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 
 import ray
@@ -29,6 +30,7 @@ class TargetWorker:
         self.config = config
         self.monitor = monitor_handle
         self.worker_id = f"target-{replica_tag()}-{uuid.uuid4().hex[:6]}"
+        self.draining = False
         self.ranks = [TargetRank.options(**actor_options(config.placement, rank)).remote(config, rank)
                       for rank in range(config.tp_size)]
         if config.tp_size > 1:
@@ -45,7 +47,29 @@ class TargetWorker:
     async def check_health(self) -> None:
         """Every rank answers (else Serve restarts this replica and its group); then heartbeat."""
         await asyncio.gather(*[rank.ping.remote() for rank in self.ranks])
+        await self._heartbeat()
+
+    async def _heartbeat(self) -> int:
+        held = await self.ranks[0].num_sequences.remote()
         if self.monitor is not None:
-            held = await self.ranks[0].num_sequences.remote()
             await self.monitor.heartbeat.remote(WorkerInfo(
-                "target", self.worker_id, list(self.ranks), self.config.max_num_seqs, {"sequences": held}))
+                "target", self.worker_id, list(self.ranks), self.config.max_num_seqs,
+                {"sequences": held, "draining": float(self.draining)}))
+        return held
+
+    async def __del__(self):
+        """Serve is replacing this replica (redeploy, scale-down): take no new sequences, keep heartbeating so
+        routers keep the ones pinned here, and let them finish (routers call the ranks directly) for up to
+        ``drain_timeout_s``; then the group goes with the replica."""
+        self.draining = True
+        deadline = time.monotonic() + self.config.drain_timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if await asyncio.wait_for(self.ranks[0].num_sequences.remote(), timeout=5) == 0:
+                    return
+                await asyncio.wait_for(self._heartbeat(), timeout=5)
+            except Exception:  # ranks or monitor already gone (the whole app is being deleted): nothing to drain
+                return
+            await asyncio.sleep(0.5)
+        logger.warning("target group %s: drain timeout, %s s; remaining sequences end with a retryable error",
+                       self.worker_id, self.config.drain_timeout_s)

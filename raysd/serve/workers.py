@@ -22,6 +22,7 @@ class Worker:
     capacity: int
     reported_load: float = 0.0
     sequences: set[str] = field(default_factory=set)
+    draining: bool = False  # being replaced: keeps its sequences, takes new ones only if nothing else can
     pending_observe: tuple[list[str], list[int]] | None = None  # draft: last round's acceptance, not yet sent
 
     @property
@@ -43,9 +44,9 @@ class WorkerPool:
         for worker_id, info in live.items():
             worker = self.workers.get(worker_id)
             if worker is None:
-                self.workers[worker_id] = Worker(worker_id, list(info.actors), info.capacity)
-            else:
-                worker.reported_load = float(info.load.get("sequences", 0.0))
+                worker = self.workers[worker_id] = Worker(worker_id, list(info.actors), info.capacity)
+            worker.reported_load = float(info.load.get("sequences", 0.0))
+            worker.draining = bool(info.load.get("draining", 0.0))
         lost: list[str] = []
         for worker_id in [w for w in self.workers if w not in live]:
             lost += self.drop(worker_id, dead=False)
@@ -60,7 +61,8 @@ class WorkerPool:
         worker_id = self.assignment.get(seq_id)
         if worker_id is not None and worker_id in self.workers:
             return self.workers[worker_id]
-        candidates = [w for w in self.workers.values() if len(w.sequences) < w.capacity]
+        with_room = [w for w in self.workers.values() if len(w.sequences) < w.capacity]
+        candidates = [w for w in with_room if not w.draining] or with_room
         if not candidates:
             return None
         chosen = min(candidates, key=lambda w: (w.load, w.worker_id))
@@ -89,4 +91,5 @@ class WorkerPool:
 
     def describe(self) -> list[dict]:
         return [{"worker_id": w.worker_id, "actors": len(w.actors), "sequences": len(w.sequences),
-                 "held_by_worker": w.reported_load, "capacity": w.capacity} for w in self.workers.values()]
+                 "held_by_worker": w.reported_load, "capacity": w.capacity,
+                 "draining": w.draining} for w in self.workers.values()]
