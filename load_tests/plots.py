@@ -25,7 +25,9 @@ def _per_workload(rows, out: Path, name: str, title: str, ylabel: str, draw) -> 
     for axis, workload in zip(axes[0], workloads):
         draw(axis, workload)
         axis.set_title(workload)
-        axis.set_xscale("log", base=2)
+        if any(len(line.get_xdata()) for line in axis.lines if line.get_xdata() is not None and
+               not line.get_label().startswith("_")):  # e.g. a TTFT ratio needs "off" in the sweep
+            axis.set_xscale("log", base=2)
         axis.set_xlabel("concurrency (closed-loop users)")
         axis.set_ylabel(ylabel)
         axis.grid(alpha=0.3)
