@@ -142,7 +142,7 @@ def test_schemathesis_finds_no_server_error_in_over_1000_cases(fuzz_url, tmp_pat
         [str(Path(sys.executable).with_name("schemathesis")), "run", f"{fuzz_url}/openapi.json", "--url", fuzz_url,
          "--checks", "not_a_server_error", "--max-examples", "300", "--mode", "all", "--request-timeout", "60",
          "--generation-deterministic", "--report", "junit", "--report-dir", str(tmp_path), "--no-color"],
-        capture_output=True, text=True, timeout=1200)
+        capture_output=True, text=True, timeout=1200, cwd=tmp_path)  # its caches stay out of the repository
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     cases = int(re.search(r"(\d+) generated", output).group(1))
