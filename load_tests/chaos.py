@@ -1,15 +1,18 @@
-"""Chaos run: under Locust load, kill a draft replica, then a target rank, then the router replica.
+"""Chaos run: under Locust load, kill a draft replica, then a target rank, then the router replica, then
+roll out a changed config (every replica replaced gracefully).
 
 The script is the Ray driver: it starts the app (deployments/local.yaml's settings) on an embedded Ray,
 runs Locust as its own process (greedy code + JSON users, token ids recorded), and at fixed times kills
 the draft worker's replica (its draft actor dies with it), the target group's rank actor, and the router
-replica — with ``ray.kill``, as a crash would. Afterwards it shuts Ray down, decodes every distinct prompt
-with the target alone (in-process, speculation off) and reports:
+replica — with ``ray.kill``, as a crash would — and finally redeploys the app with one router setting
+changed (a rolling update: in-flight streams should finish on the draining old replicas). Afterwards it
+shuts Ray down, decodes every distinct prompt with the target alone (in-process, speculation off) and
+reports:
 
 - requests sent / completed / failed / hung (a request is hung if no byte came for RAYSD_REQUEST_TIMEOUT);
 - failures by phase (after which fault), and whether any completed output differs from the target-only one.
 
-    python load_tests/chaos.py                       # ~2 min; writes bench/results/chaos.json
+    python load_tests/chaos.py                       # ~3 min; writes bench/results/chaos.json
     python load_tests/chaos.py --quick               # shorter phases
 """
 
@@ -54,8 +57,32 @@ def _kill_router() -> str:
     return names[0]
 
 
+def _redeploy() -> str:
+    """Roll out a changed config (Serve replaces every replica: the app's args changed), in the background
+    as an operator's ``serve deploy`` would; in-flight streams should finish on the old replicas."""
+    import threading
+
+    from ray import serve
+
+    from raysd.serve.app import APP_NAME, build_app
+
+    config = _server_config()
+    changed = config.model_copy(update={"router": config.router.model_copy(
+        update={"max_waiting": config.router.max_waiting + 1})})
+    threading.Thread(target=serve.run, args=(build_app(changed),), kwargs={"name": APP_NAME, "route_prefix": "/"},
+                     daemon=True).start()
+    return f"{APP_NAME}: router.max_waiting {config.router.max_waiting} → {changed.router.max_waiting}"
+
+
+def _server_config():
+    from raysd.serve.config import ServerConfig
+
+    config = ServerConfig.from_file(REPO / "deployments" / "local.yaml")
+    return config.model_copy(update={"port": 8141})
+
+
 FAULTS = (("draft replica killed", _kill_draft_replica), ("target rank killed", _kill_target_rank),
-          ("router replica killed", _kill_router))
+          ("router replica killed", _kill_router), ("config redeployed", _redeploy))
 
 
 def target_only(outputs: list[dict], max_tokens: int) -> dict[str, list[int]]:
@@ -82,11 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     phase_s = 12 if args.quick else 25
 
     from raysd.serve.app import start_local
-    from raysd.serve.config import ServerConfig
 
-    config = ServerConfig.from_file(REPO / "deployments" / "local.yaml")
-    config = config.model_copy(update={"port": 8141})
-    url = start_local(config, num_cpus=2)
+    url = start_local(_server_config(), num_cpus=2)
     with tempfile.TemporaryDirectory() as scratch:
         dump = Path(scratch) / "raw.json"
         env = {**os.environ, "RAYSD_LOCUST_DUMP": str(dump), "RAYSD_MAX_TOKENS": str(args.max_tokens),

@@ -31,9 +31,11 @@ def test_failed_worker_is_never_readopted_but_a_late_heartbeat_is():
     assert pool.drop("a") == ["s1"]  # a call to it failed: its sequences' caches are gone
     pool.update(_infos("a", "b"))  # the monitor still lists the dead one for a while
     assert set(pool.workers) == {"b"}
-    assert pool.update(_infos("c")) == ["s2"]  # b missed its heartbeats: forgotten, its sequence lost
+    pool.update(_infos("c"))  # b missed its heartbeats: unlisted, but it still holds s2's cache
+    assert pool.worker_of("s2").worker_id == "b"  # s2 stays on it (only a failed call proves it dead)
+    assert pool.worker_of("s3").worker_id == "c"  # nothing new goes to an unlisted worker
     pool.update(_infos("b", "c"))  # b heartbeats again: it was slow, not dead
-    assert set(pool.workers) == {"b", "c"}
+    assert set(pool.workers) == {"b", "c"} and pool.workers["b"].listed
 
 
 def test_pools_only_take_their_own_kind():
@@ -92,3 +94,19 @@ def test_a_draining_worker_keeps_its_sequences_and_gets_new_ones_only_as_a_last_
                  "new": WorkerInfo("target", "new", ["r1"], 4, {"sequences": 3})})
     assert pool.worker_of("s2").worker_id == "new"  # even though it is busier
     assert pool.worker_of("s1").worker_id == "old"  # pinned sequences stay
+
+
+def test_an_unlisted_worker_finishes_its_sequences_then_is_forgotten():
+    """Regression: when the monitor is replaced (any redeploy), its first views list no one; the router
+    dropped every target and failed all in-flight streams though their groups were alive."""
+    pool = WorkerPool("target")
+    pool.update(_infos("old"))
+    pool.worker_of("s1")
+    pool.update({})  # a fresh monitor that has not heard any heartbeat yet
+    assert not pool.available  # no new sequences anywhere...
+    assert pool.worker_of("s1").worker_id == "old"  # ...but s1 keeps its group
+    assert pool.worker_of("s2") is None
+    assert pool.forget("s1").worker_id == "old"  # its last sequence is done: the worker is forgotten
+    assert pool.workers == {}
+    pool.update(_infos("old"))  # a late heartbeat: not dead, adopted again
+    assert pool.available

@@ -102,15 +102,9 @@ class RoundLoop:
             self.pending_release.append(seq_id)
 
     def update_view(self, view: ClusterView) -> None:
-        """New cluster view from the monitor: adopt new workers, forget vanished ones.
-
-        Sequences pinned to a target that vanished lost their KV cache: they end with a retryable error.
-        Those pinned to a vanished draft simply get another draft (or none) next round.
-        """
-        lost = set(self.targets.update(view.workers))
-        if lost:
-            self._fail_pinned([s for s in self.engine.running if s.seq_id in lost],
-                              "the target model worker holding this request went away")
+        """New cluster view from the monitor: adopt new workers, unlist vanished ones (they finish the
+        sequences pinned to them unless a call fails: see ``WorkerPool``)."""
+        self.targets.update(view.workers)
         self.drafts.update(view.workers)
         self.orphan_origins = [source.removeprefix("router-") for source in view.departed
                                if source.startswith("router-")]
@@ -135,7 +129,7 @@ class RoundLoop:
                     if not self.engine.has_work:
                         await self._wakeup.wait()
                     continue
-                if not self.targets.available:
+                if not self.targets.available and not self.engine.running:
                     await self._wait_for_targets()
                     continue
                 self.targets_missing_since = None
@@ -179,7 +173,9 @@ class RoundLoop:
 
     async def _round(self) -> None:
         await self._release_pending()
-        plan = self.engine.plan()
+        # only sequences pinned to unlisted workers are left (e.g. the monitor was just replaced): finish
+        # them, admit nobody until a listed target group is back
+        plan = self.engine.plan(admit=self.targets.available)
         if plan is None:
             return
         groups: dict[str, list[int]] = {}
@@ -327,4 +323,5 @@ class RoundLoop:
             "workers": {"targets": self.targets.describe(), "drafts": self.drafts.describe()},
             "acceptance": self.engine.aggregator.summary(),
             "round_timing": self.engine.aggregator.timing(),
+            "policy": self.engine.policy.describe(last.batch_size if last else 1),
         }

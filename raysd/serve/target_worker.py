@@ -67,9 +67,12 @@ class TargetWorker:
             try:
                 if await asyncio.wait_for(self.ranks[0].num_sequences.remote(), timeout=5) == 0:
                     return
-                await asyncio.wait_for(self._heartbeat(), timeout=5)
-            except Exception:  # ranks or monitor already gone (the whole app is being deleted): nothing to drain
+            except Exception:  # the ranks are already gone: nothing left to drain
                 return
+            try:
+                await asyncio.wait_for(self._heartbeat(), timeout=5)
+            except Exception as error:  # the monitor is being replaced too (a redeploy): keep draining
+                logger.info("target group %s: heartbeat while draining failed (%s)", self.worker_id, error)
             await asyncio.sleep(0.5)
         logger.warning("target group %s: drain timeout, %s s; remaining sequences end with a retryable error",
                        self.worker_id, self.config.drain_timeout_s)

@@ -5,6 +5,11 @@ new sequences go to the least-loaded live worker with room. The view is refreshe
 monitor; a worker that fails a call is dropped at once and never re-adopted under the same id (a replaced
 replica registers under a new one). Losing a draft actor moves its sequences to another draft (which
 re-prefills lazily) or leaves them undrafted; losing a target group loses its sequences' caches.
+
+Only a failed call proves a worker dead. One that merely drops out of the monitor's view (a replaced monitor
+that has not heard from it yet, missed heartbeats during a redeploy) is *unlisted*: it takes no new sequences
+but keeps serving the ones pinned to it — every round calls it, with a timeout, so a worker that is really
+gone is found within a round — and is forgotten once it holds none.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ class Worker:
     reported_load: float = 0.0
     sequences: set[str] = field(default_factory=set)
     draining: bool = False  # being replaced: keeps its sequences, takes new ones only if nothing else can
+    listed: bool = True  # in the monitor's latest view; unlisted workers only finish their pinned sequences
     pending_observe: tuple[list[str], list[int]] | None = None  # draft: last round's acceptance, not yet sent
 
     @property
@@ -37,9 +43,9 @@ class WorkerPool:
         self.assignment: dict[str, str] = {}  # seq_id → worker_id
         self.dead: set[str] = set()
 
-    def update(self, infos: dict[str, WorkerInfo]) -> list[str]:
-        """Adopt newly registered workers; forget those the monitor no longer lists (they may come back:
-        a late heartbeat is not a death). Returns the sequences that were pinned to forgotten workers."""
+    def update(self, infos: dict[str, WorkerInfo]) -> None:
+        """Adopt newly registered workers; unlist those the monitor no longer lists (they may come back: a
+        late heartbeat is not a death) and forget the unlisted ones that hold no sequences."""
         live = {i.worker_id: i for i in infos.values() if i.kind == self.kind and i.worker_id not in self.dead}
         for worker_id, info in live.items():
             worker = self.workers.get(worker_id)
@@ -47,21 +53,24 @@ class WorkerPool:
                 worker = self.workers[worker_id] = Worker(worker_id, list(info.actors), info.capacity)
             worker.reported_load = float(info.load.get("sequences", 0.0))
             worker.draining = bool(info.load.get("draining", 0.0))
-        lost: list[str] = []
+            worker.listed = True
         for worker_id in [w for w in self.workers if w not in live]:
-            lost += self.drop(worker_id, dead=False)
-        return lost
+            if self.workers[worker_id].sequences:
+                self.workers[worker_id].listed = False
+            else:
+                self.drop(worker_id, dead=False)
 
     @property
     def available(self) -> bool:
-        return bool(self.workers)
+        """Some listed worker can take new sequences."""
+        return any(w.listed for w in self.workers.values())
 
     def worker_of(self, seq_id: str) -> Worker | None:
         """The worker pinned to ``seq_id``; assigns the least-loaded one with room on first use."""
         worker_id = self.assignment.get(seq_id)
         if worker_id is not None and worker_id in self.workers:
             return self.workers[worker_id]
-        with_room = [w for w in self.workers.values() if len(w.sequences) < w.capacity]
+        with_room = [w for w in self.workers.values() if w.listed and len(w.sequences) < w.capacity]
         candidates = [w for w in with_room if not w.draining] or with_room
         if not candidates:
             return None
@@ -75,6 +84,8 @@ class WorkerPool:
         worker = self.workers.get(self.assignment.pop(seq_id, ""))
         if worker is not None:
             worker.sequences.discard(seq_id)
+            if not worker.listed and not worker.sequences:
+                self.workers.pop(worker.worker_id)  # its last pinned sequence is done
         return worker
 
     def drop(self, worker_id: str, dead: bool = True) -> list[str]:
@@ -92,4 +103,4 @@ class WorkerPool:
     def describe(self) -> list[dict]:
         return [{"worker_id": w.worker_id, "actors": len(w.actors), "sequences": len(w.sequences),
                  "held_by_worker": w.reported_load, "capacity": w.capacity,
-                 "draining": w.draining} for w in self.workers.values()]
+                 "draining": w.draining, "listed": w.listed} for w in self.workers.values()]
