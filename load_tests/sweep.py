@@ -11,6 +11,10 @@ the ratios the claims rest on:
 
     python load_tests/sweep.py                      # full sweep (~25 min on 2 cores) → bench/results/sweep/
     python load_tests/sweep.py --quick --out /tmp/s # smoke run: json only, concurrency 1 and 4, 5 s each
+    python load_tests/sweep.py --fingerprint-only   # only the outside observer's verdicts, per policy
+
+After each policy's load points the idle server is also fingerprinted from outside (``raysd fingerprint``'s
+analysis on a few streams per workload): ``fingerprints.json`` and ``fingerprint-<policy>-<workload>.png``.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
+HELDOUT = REPO / "bench" / "prompts" / "heldout.jsonl"  # the locustfile's prompt pools (never import locust here)
 USER_CLASS = {"code": "CodeUser", "json": "JsonUser", "prose": "ProseUser"}
 POLICIES = {"off": {"mode": "off"}, "on": {"mode": "on"}, "adaptive": {"mode": "adaptive"}}
 COLUMNS = ["policy", "workload", "concurrency", "requests", "failures", "output_tokens", "seconds",
@@ -103,6 +108,23 @@ def run_locust(url: str, workload: str, users: int, seconds: float, max_tokens: 
     subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=seconds + 180)
     raw = json.loads(dump.read_text()) if dump.exists() else {}
     return raw.get(workload, {})
+
+
+def fingerprint_policy(url: str, policy: str, workloads: list[str], streams: int, max_tokens: int,
+                       out: Path) -> dict:
+    """``raysd fingerprint`` as an outsider would run it: ``streams`` completions of each workload's first
+    held-out prompt on the idle server; returns {workload: figures + verdict} and writes the gap PNGs."""
+    from raysd.fingerprint import analyse, plot, record_stream
+
+    records = [json.loads(line) for line in HELDOUT.read_text().splitlines() if line.strip()]
+    verdicts = {}
+    for workload in workloads:
+        prompt = next(r["prompt"] for r in records if r.get("workload") == workload)
+        timings = [record_stream(url, "raysd-demo", prompt, max_tokens) for _ in range(streams)]
+        fingerprint = analyse(timings)
+        plot(fingerprint, out / f"fingerprint-{policy}-{workload}.png", f"{workload}, speculation {policy}")
+        verdicts[workload] = fingerprint.summary()
+    return verdicts
 
 
 def summarise(policy: str, workload: str, users: int, raw: dict) -> dict:
@@ -194,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policies", default="off,on,adaptive")
     parser.add_argument("--k", type=int, default=4, help="draft length of the always-on policy")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--fingerprint-streams", type=int, default=None,
+                        help="streams per workload and policy (default 5; quick 3)")
+    parser.add_argument("--fingerprint-only", action="store_true", help="skip the load points")
     args = parser.parse_args(argv)
     duration = args.duration or (5.0 if args.quick else 20.0)
     levels = [int(c) for c in (args.concurrency or ("1,4" if args.quick else "1,2,4,8,16,32,64")).split(",")]
@@ -208,7 +233,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from load_tests.plots import plot_all
 
-    rows, progress = [], tqdm(total=len(policies) * len(workloads) * len(levels), desc="sweep", unit="point")
+    if args.fingerprint_only:
+        levels = []
+    rows, fingerprints = [], {}
+    progress = tqdm(total=len(policies) * len(workloads) * len(levels), desc="sweep", unit="point")
     with tempfile.TemporaryDirectory() as scratch:
         workdir = Path(scratch)
         for policy in policies:
@@ -225,9 +253,20 @@ def main(argv: list[str] | None = None) -> int:
                             gaps = args.out / f"gaps-{policy}-{workload}.json"
                             gaps.write_text(json.dumps({k: raw.get(k, []) for k in ("gaps_s", "tokens_per_chunk")}))
                         progress.update()
+                progress.set_postfix_str(f"fingerprint ({policy})")
+                streams = args.fingerprint_streams or (3 if args.quick else 5)
+                fingerprints[policy] = fingerprint_policy(server.url, policy, workloads, streams,
+                                                          args.max_tokens, args.out)
             finally:
                 server.stop()
     progress.close()
+    (args.out / "fingerprints.json").write_text(json.dumps(fingerprints, indent=2))
+    for policy, verdicts in fingerprints.items():
+        for workload, figures in verdicts.items():
+            print(f"[fingerprint] {policy} {workload}: {figures['verdict']} ({figures['tokens_per_chunk']:.2f} "
+                  f"tokens/chunk, near-zero gaps {figures['near_zero_share']:.0%}, gap CV {figures['gap_cv']:.2f})")
+    if args.fingerprint_only:
+        return 0
     with open(args.out / "sweep.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS)
         writer.writeheader()

@@ -119,10 +119,12 @@ class SpecEngine:
         if self.drafter is not None:
             self.drafter.release(ids)
 
-    def plan(self) -> RoundPlan | None:
-        """Start a round: admit waiting sequences and choose k for each (None when idle)."""
+    def plan(self, admit: bool = True) -> RoundPlan | None:
+        """Start a round: admit waiting sequences (unless ``admit`` is False) and choose k for each running
+        one (None when nothing runs)."""
         started = time.perf_counter()
-        self._admit()
+        if admit:
+            self._admit()
         batch = list(self.running)
         if not batch:
             return None
@@ -164,16 +166,12 @@ class SpecEngine:
                 finished.append(sequence)
 
         self.policy.observe_round([s.segment for s in batch], drafted, result.num_accepted)
-        # the cost model learns what a round pays: in the server that includes the remote calls' overhead
-        verify_cost = result.cost_seconds if result.cost_seconds is not None else result.seconds
-        self.policy.costs.observe_target(result.batch_tokens, verify_cost)
-        steps = proposal.forward_steps - proposal.catchup_steps
-        if steps > 0:  # per-step drafting time, without one-off prefill / catch-up work
-            self.policy.costs.observe_draft(len(batch), (proposal.seconds - proposal.catchup_seconds) / steps)
-        if proposal.forward_steps:
-            # a remote call adds a fixed overhead per round on top
-            if proposal.cost_seconds is not None:
-                self.policy.costs.observe_draft_call(proposal.cost_seconds - proposal.seconds)
+        # the cost model learns what a whole round pays (in the server: remote calls and their overheads too),
+        # less prefill; a round where the draft first caught up on tokens decoded while it was idle is not
+        # learned from (a steady state does not repeat that work; a rare k = 1 probe would make k look dear)
+        if proposal.catchup_steps == 0:
+            round_seconds = time.perf_counter() - plan.started - result.prefill_seconds
+            self.policy.costs.observe_round(len(batch), max(drafted, default=0), round_seconds)
         now = time.perf_counter()
         for sequence in finished:
             sequence.finished_at = now

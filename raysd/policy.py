@@ -1,10 +1,10 @@
 """Choosing k: measured acceptance per segment × a measured cost model × a pressure gate.
 
 With α the per-token acceptance of a segment, a round drafting k tokens emits in expectation
-``E(α, k) = (1 − α^(k+1)) / (1 − α)`` tokens (Leviathan et al. 2023). Its cost, in target-step units at the
-current batch, is ``k·c + v(k)``: c = one draft step / one target decode step, v(k) = one verify forward of
-k + 1 tokens per row / one target decode step. Both come from an online fit of the rounds actually run.
-For each sequence the policy picks k ∈ {0..k_max} maximising ``E / (k·c + v(k))`` and speculates only
+``E(α, k) = (1 − α^(k+1)) / (1 − α)`` tokens (Leviathan et al. 2023). Its cost, in units of a plain
+(k = 0) round at the current batch, comes from an online fit of the wall time of the rounds actually run
+(``CostModel``: the whole round, draft calls, verify and overheads together). The policy picks k ∈
+{0..k_max} maximising expected tokens per unit of cost and speculates only
 when that beats plain decoding (k = 0, value 1) by ``min_gain``. A pressure gate with hysteresis turns
 speculation off for everyone above ``pressure_high`` and back on below ``pressure_low``.
 
@@ -69,76 +69,81 @@ class AcceptanceTracker:
         return self.segments.get(segment, _SegmentAcceptance()).rounds
 
 
-class _OnlineLinearFit:
-    """Exponentially forgetting least squares of ``y ≈ a + b·x`` (seeded with prior points)."""
-
-    def __init__(self, decay: float, prior_points: list[tuple[float, float]]):
-        self.decay = decay
-        self.sw = self.sx = self.sy = self.sxx = self.sxy = 0.0
-        for x, y in prior_points:
-            self.add(x, y, weight=0.5)
-
-    def add(self, x: float, y: float, weight: float = 1.0) -> None:
-        d = self.decay
-        self.sw = d * self.sw + weight
-        self.sx = d * self.sx + weight * x
-        self.sy = d * self.sy + weight * y
-        self.sxx = d * self.sxx + weight * x * x
-        self.sxy = d * self.sxy + weight * x * y
-
-    def predict(self, x: float) -> float:
-        mean_x, mean_y = self.sx / self.sw, self.sy / self.sw
-        var_x = self.sxx / self.sw - mean_x**2
-        slope = (self.sxy / self.sw - mean_x * mean_y) / var_x if var_x > 1e-9 else 0.0
-        slope = max(slope, 0.0)  # more tokens never make a step cheaper
-        return max(mean_y + slope * (x - mean_x), 1e-6)
-
-
 class CostModel:
-    """Online fits of a target forward's time vs tokens in the batch, and a draft step's vs rows.
+    """Online fit of what a whole round costs, measured end to end: ``T(n, k) ≈ a + b·n + k·(c + d·n)``
+    seconds for a round over n rows drafting k tokens each (plan to commit, prefill excluded).
 
-    Priors (replaced as rounds arrive) come from measurements on a 2-core CPU: a 5-token verify costs
-    ≈ 1.8 decode steps at batch 1, a draft step ≈ 0.3 of a target step.
+    Measuring the round itself — rather than adding up a draft step, a verify forward and a call overhead
+    fitted separately — counts every cost a round really pays (remote hops, serialisation, the router's own
+    work, the draft catching up) in the one place it is paid; the component sum under-rated large k by
+    ~30% on the served path. The fit is exponentially forgetting least squares (of relative error) over
+    the features ``[1, n, k, k·n]``, regularised towards a fixed prior so it is defined before the rounds seen span two
+    values of k. The prior is the in-process demo pair on 2 CPU cores (``docs/bench_engine.md``): a draft
+    step + one more verified token ≈ 0.39 of a plain round at batch 1, ≈ 0.53 at batch 16.
     """
 
-    def __init__(self, decay: float = 0.98, target_step_seconds: float = 0.015):
-        base = target_step_seconds
+    def __init__(self, decay: float = 0.98, target_step_seconds: float = 0.015, prior_weight: float = 0.02):
         self.decay = decay
-        self.target = _OnlineLinearFit(decay, [(1, base), (5, 1.8 * base), (32, 3 * base)])
-        self.draft = _OnlineLinearFit(decay, [(1, 0.3 * base), (32, 0.6 * base)])
-        self.draft_call_seconds = 0.0  # fixed cost of asking for drafts at all (a remote call); 0 in-process
-        self._draft_calls = 0
+        self.gram = [[0.0] * 4 for _ in range(4)]
+        self.moment = [0.0] * 4
+        self.prior_gram = [[0.0] * 4 for _ in range(4)]
+        self.prior_moment = [0.0] * 4
+        base = target_step_seconds
+        for num_seqs in (1, 8, 32):
+            for k in (0, 2, 4, 8):
+                seconds = base * (1 + 0.05 * num_seqs) + k * base * (0.37 + 0.036 * num_seqs)
+                self._accumulate(self.prior_gram, self.prior_moment, num_seqs, k, seconds, prior_weight)
+        self.rounds = 0
+        self._coefficients: list[float] | None = None
 
-    def observe_target(self, batch_tokens: int, seconds: float) -> None:
-        self.target.add(batch_tokens, seconds)
+    @staticmethod
+    def _features(num_seqs: int, k: int) -> list[float]:
+        return [1.0, float(num_seqs), float(k), float(k * num_seqs)]
 
-    def observe_draft(self, rows: int, seconds_per_step: float) -> None:
-        self.draft.add(rows, seconds_per_step)
+    def _accumulate(self, gram, moment, num_seqs: int, k: int, seconds: float, weight: float) -> None:
+        """Add one point, weighted by 1/seconds²: relative errors count, so the cheap small-batch rounds (where
+        the plain round, the denominator of every ratio, is small) are fitted as well as the big ones."""
+        weight /= seconds * seconds
+        features = self._features(num_seqs, k)
+        for i in range(4):
+            moment[i] += weight * features[i] * seconds
+            for j in range(4):
+                gram[i][j] += weight * features[i] * features[j]
 
-    def observe_draft_call(self, overhead_seconds: float) -> None:
-        """Per-round overhead of the draft call beyond the drafting itself (paid once, whatever k)."""
-        self._draft_calls += 1
-        weight = max(1 - self.decay, 1 / self._draft_calls)  # a plain mean until the EMA takes over
-        self.draft_call_seconds += weight * (max(overhead_seconds, 0.0) - self.draft_call_seconds)
+    def observe_round(self, num_seqs: int, k: int, seconds: float) -> None:
+        """One finished round: ``num_seqs`` rows, longest draft ``k``, ``seconds`` wall time without prefill."""
+        if num_seqs <= 0 or seconds <= 0:
+            return
+        for i in range(4):
+            self.moment[i] *= self.decay
+            for j in range(4):
+                self.gram[i][j] *= self.decay
+        self._accumulate(self.gram, self.moment, num_seqs, k, seconds, 1.0)
+        self.rounds += 1
+        self._coefficients = None
+
+    def _solve(self) -> list[float]:
+        if self._coefficients is None:
+            import numpy
+
+            gram = numpy.array(self.gram) + numpy.array(self.prior_gram)
+            moment = numpy.array(self.moment) + numpy.array(self.prior_moment)
+            self._coefficients = numpy.linalg.lstsq(gram, moment, rcond=None)[0].tolist()
+        return self._coefficients
+
+    def round_seconds(self, k: int, num_seqs: int) -> float:
+        """Predicted wall time of a round; never below a plain round, never cheaper for a larger k."""
+        a, b, c, d = self._solve()
+        plain = max(a + b * num_seqs, 1e-4)
+        per_draft = max(c + d * num_seqs, 1e-6)  # drafting more never makes a round cheaper
+        return plain + k * per_draft
 
     def round_cost(self, k: int, num_seqs: int) -> float:
-        """A round drafting k tokens per row, in target decode steps at this batch (1.0 at k = 0)."""
-        if k == 0:
-            return 1.0
-        call = self.draft_call_seconds / self.target.predict(num_seqs)
-        return k * self.c(num_seqs) + call + self.v(k, num_seqs)
-
-    def c(self, num_seqs: int) -> float:
-        """Draft step / target decode step at this batch."""
-        return self.draft.predict(num_seqs) / self.target.predict(num_seqs)
-
-    def v(self, k: int, num_seqs: int) -> float:
-        """Verify of k + 1 tokens per row / target decode step, at this batch."""
-        return self.target.predict(num_seqs * (k + 1)) / self.target.predict(num_seqs)
+        """A round drafting k tokens per row, in plain-round units at this batch (1.0 at k = 0)."""
+        return self.round_seconds(k, num_seqs) / self.round_seconds(0, num_seqs)
 
     def speedup(self, alpha: float, k: int, num_seqs: int) -> float:
-        """Leviathan bound ``E(α, k) / (k·c + v(k))`` at this batch (plus the draft call's overhead when
-        drafting is remote); 1.0 at k = 0."""
+        """Leviathan's ``E(α, k)`` over the round's measured cost; 1.0 at k = 0."""
         if k == 0:
             return 1.0
         return expected_tokens(alpha, k) / self.round_cost(k, num_seqs)
@@ -241,6 +246,23 @@ class SpeculationPolicy:
                 self._rounds_without_drafts[segment] = 0 if drafted else \
                     self._rounds_without_drafts.get(segment, 0) + 1
         return Decision(ks, reasons, pressure, speculation_on, [gain] * num_seqs)
+
+    def describe(self, num_seqs: int) -> dict:
+        """What the policy believes now, for /health: each segment's α and the cost model at ``num_seqs``
+        rows (seconds, and in target-step units the round cost of each k) — enough to see why k is what it is."""
+        num_seqs = max(num_seqs, 1)
+        return {
+            "segments": {segment: {"alpha": round(self.acceptance.alpha(segment), 4),
+                                   "rounds": self.acceptance.rounds(segment)}
+                         for segment in self.acceptance.segments},
+            "cost": {"batch": num_seqs,
+                     "rounds_observed": self.costs.rounds,
+                     "round_seconds": {k: round(self.costs.round_seconds(k, num_seqs), 5)
+                                       for k in range(self.config.k_max + 1)},
+                     "round_cost": {k: round(self.costs.round_cost(k, num_seqs), 3)
+                                    for k in range(self.config.k_max + 1)}},
+            "speculation_on": self.gate.speculation_on,
+        }
 
     def observe_round(self, segments: list[str], drafted: list[int], accepted: list[int]) -> None:
         for segment, num_drafted, num_accepted in zip(segments, drafted, accepted):

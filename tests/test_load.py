@@ -57,6 +57,10 @@ def test_sweep_quick_mode_writes_csv_plots_and_ratios(tmp_path):
     ratios = json.loads((out / "ratios.json").read_text())["json"]
     assert set(ratios["adaptive_vs_best"]) == {"1", "4"} and ratios["on_vs_off_at_top"] > 0
     assert "adaptive / max(off, on)" in result.stdout and "TTFT on / off" in result.stdout
+    verdicts = json.loads((out / "fingerprints.json").read_text())  # the outside observer, per policy
+    assert verdicts["on"]["json"]["verdict"] == "speculation likely"
+    assert verdicts["off"]["json"]["verdict"] == "speculation unlikely"
+    assert (out / "fingerprint-on-json.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 class _SyntheticStreams(BaseHTTPRequestHandler):

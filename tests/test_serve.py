@@ -163,6 +163,8 @@ def test_cluster_pressure_turns_speculation_off_and_back_on(server):
     assert stats["policy_reason"] in {"adaptive", "warmup", "probe", "low_acceptance"}, stats
     health = requests.get(f"{server}/health", timeout=30).json()
     assert health["speculation_on"] and health["reason"] == "ok"
+    assert health["policy"]["speculation_on"] and health["policy"]["cost"]["round_cost"]["0"] == 1.0
+    assert health["policy"]["segments"], "the policy's per-segment acceptance is visible on /health"
 
 
 def test_killed_draft_replica_mid_stream_keeps_output_identical(server, references):
