@@ -37,15 +37,20 @@ def alpha_from_acceptance(acceptance_rate: float, k: int) -> float:
 
 
 def _time_forward(model, num_rows: int, width: int, context: int, repeats: int) -> float:
-    """Median seconds of one ragged forward of ``width`` tokens per row after ``context`` cached ones."""
+    """Median seconds of one ragged forward of ``width`` tokens per row after ``context`` cached ones, on the
+    model's own device (CUDA work is synchronised before the clock is read)."""
+    device = next(model.parameters()).device
     cache = RaggedKVCache.for_model(model, num_rows, context + width + 1)
     cache.lengths[:] = context
-    inputs = torch.randint(0, model.config.vocab_size, (num_rows, width))
-    positions = context + torch.arange(width)[None, :].expand(num_rows, width)
+    inputs = torch.randint(0, model.config.vocab_size, (num_rows, width), device=device)
+    positions = context + torch.arange(width, device=device)[None, :].expand(num_rows, width)
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times = []
     for _ in range(repeats + 1):
+        synchronize()
         started = time.perf_counter()
         ragged_forward(model, cache, slice(0, num_rows), inputs, positions)
+        synchronize()
         times.append(time.perf_counter() - started)
     return sorted(times[1:])[len(times[1:]) // 2]
 
