@@ -129,12 +129,15 @@ class SpecEngine:
         if not batch:
             return None
         opt_out = [s.params.speculation == SpeculationMode.off or not self.can_draft for s in batch]
-        k_limits = [max(0, s.remaining - 1) for s in batch]
-        decision = self.policy.decide([s.segment for s in batch], opt_out, k_limits, self.pressure_source())
-        for row, sequence in enumerate(batch):
-            # A sequence's first round is its prefill: it emits the first token alone, as without speculation,
-            # so time to first token does not pay for drafting (vLLM does the same).
-            if sequence.num_generated == 0 and decision.ks[row] > 0 and not self.policy.config.speculate_prefill:
+        # A sequence's first round is its prefill: it emits the first token alone, as without speculation,
+        # so time to first token does not pay for drafting (vLLM does the same). It can draft nothing, and
+        # the policy weighs the round knowing that.
+        prefilling = [s.num_generated == 0 and not self.policy.config.speculate_prefill for s in batch]
+        k_limits = [0 if prefill else max(0, s.remaining - 1) for s, prefill in zip(batch, prefilling)]
+        decision = self.policy.decide([s.segment for s in batch], opt_out, k_limits, self.pressure_source(),
+                                      [len(s.token_ids) for s in batch])
+        for row, prefill in enumerate(prefilling):
+            if prefill and not opt_out[row] and decision.reasons[row] != "off":
                 decision.ks[row], decision.reasons[row] = 0, "prefill"
         return RoundPlan(batch, decision, started)
 

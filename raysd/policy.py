@@ -13,7 +13,7 @@ makes the whole batch pay for k. The round's k maximises the batch's expected to
 segment's α) per unit of cost; every row that may speculate gets it.
 
 Every decision carries a reason: ``opt_out``, ``fixed``, ``warmup``, ``pressure``, ``low_acceptance``
-(k = 0: nothing pays), ``probe`` (a k = 1 round to re-measure a segment held at k = 0) or ``adaptive``
+(k = 0: nothing pays), ``probe`` (k = 1 for one row, to re-measure a segment held at k = 0) or ``adaptive``
 (k ≥ 1 chosen by the model).
 """
 
@@ -204,13 +204,17 @@ class SpeculationPolicy:
         return best_k, gain
 
     def decide(self, segments: list[str], opt_out: list[bool], k_limits: list[int],
-               pressure: float) -> Decision:
-        """``k_limits[i]``: most drafts sequence i can use (room left in its budget and context).
+               pressure: float, lengths: list[int] | None = None) -> Decision:
+        """``k_limits[i]``: most drafts sequence i can use (room left in its budget and context);
+        ``lengths[i]``: its tokens so far (prompt + generated), which bounds what the draft must catch up on
+        before it can draft for it again.
 
         Adaptive mode decides once per round (see ``best_round_k``) from every row's segment acceptance;
         all rows that may speculate get that k. A segment still warming up raises it to ``k`` (reason
-        ``warmup``); a segment held at k = 0 for ``probe_every`` rounds gets a k = 1 round (``probe``) so its
-        acceptance stays measured — cheap, since a probe widens the verify by one token only.
+        ``warmup``); a segment held at k = 0 for ``probe_every`` rounds gets a probe (``probe``): k = 1 for
+        its one shortest row, so its acceptance stays measured. One row, not all: a draft that sat out k = 0
+        rounds must first catch up on every token it missed, and doing that for a whole batch of 32 rows
+        every ``probe_every`` rounds cost the served path ~15% of its throughput at k = 0 (sweep run 7).
         """
         speculation_on = self.gate.update(pressure)
         num_seqs = len(segments)
@@ -237,15 +241,25 @@ class SpeculationPolicy:
                     if self._rounds_without_drafts.get(segments[row], 0) >= self.config.probe_every}
             if warming and k_round < self.config.k:
                 k_round, reason = self.config.k, "warmup"
-            elif idle and k_round == 0:
-                k_round, reason = 1, "probe"
             for row, limit in zip(eligible, limits):
                 ks[row], reasons[row] = max(0, min(k_round, limit)), reason
+            if idle and k_round == 0:
+                self._probe_one_row_each(idle, eligible, segments, limits, lengths, ks, reasons)
             for segment in {segments[row] for row in eligible}:
                 drafted = any(ks[row] for row in eligible if segments[row] == segment)
                 self._rounds_without_drafts[segment] = 0 if drafted else \
                     self._rounds_without_drafts.get(segment, 0) + 1
         return Decision(ks, reasons, pressure, speculation_on, [gain] * num_seqs)
+
+    @staticmethod
+    def _probe_one_row_each(idle: set[str], eligible: list[int], segments: list[str], limits: list[int],
+                            lengths: list[int] | None, ks: list[int], reasons: list[str]) -> None:
+        """k = 1 for the shortest row (least for the draft to catch up on) of each idle segment."""
+        for segment in idle:
+            rows = [row for row, limit in zip(eligible, limits) if segments[row] == segment and limit > 0]
+            if rows:
+                row = min(rows, key=lambda r: lengths[r] if lengths else 0)
+                ks[row], reasons[row] = 1, "probe"
 
     def describe(self, num_seqs: int) -> dict:
         """What the policy believes now, for /health: each segment's α and the cost model at ``num_seqs``
