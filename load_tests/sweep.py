@@ -12,6 +12,12 @@ the ratios the claims rest on:
     python load_tests/sweep.py                      # full sweep (~25 min on 2 cores) → bench/results/sweep/
     python load_tests/sweep.py --quick --out /tmp/s # smoke run: json only, concurrency 1 and 4, 5 s each
     python load_tests/sweep.py --fingerprint-only   # only the outside observer's verdicts, per policy
+    python load_tests/sweep.py --passes 2           # ABBA: policies again in reverse order, points merged
+
+Servers run one at a time, so a policy's points are measured at a different time from another's. This machine
+drifts (the same server and point read 473 and 509 tok/s five minutes apart), which biases whichever policy
+runs last; ``--passes 2`` runs the policies in order, then in reverse, and merges each point over both passes
+(tokens / seconds summed), cancelling a linear drift. Per-pass rows go to ``sweep_passes.csv``.
 
 After each policy's load points the idle server is also fingerprinted from outside (``raysd fingerprint``'s
 analysis on a few streams per workload): ``fingerprints.json`` and ``fingerprint-<policy>-<workload>.png``.
@@ -143,6 +149,26 @@ def summarise(policy: str, workload: str, users: int, raw: dict) -> dict:
     }
 
 
+def merge_passes(rows: list[dict]) -> list[dict]:
+    """One row per (policy, workload, concurrency) from several passes' rows: counts, tokens and seconds are
+    summed (so tokens/s is over all passes' windows); percentiles, tokens/chunk and acceptance are the mean of
+    the passes' values (approximate for percentiles)."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["policy"], row["workload"], row["concurrency"]), []).append(row)
+    merged = []
+    for (policy, workload, users), group in groups.items():
+        row = {"policy": policy, "workload": workload, "concurrency": users}
+        for key in ("requests", "failures", "output_tokens", "seconds"):
+            row[key] = sum(r[key] for r in group)
+        row["tokens_per_s"] = row["output_tokens"] / row["seconds"] if row["seconds"] else 0.0
+        for key in COLUMNS[8:]:
+            values = [r[key] for r in group if r[key] is not None]
+            row[key] = statistics.fmean(values) if values else None
+        merged.append(row)
+    return merged
+
+
 def ratios(rows: list[dict]) -> dict:
     """The figures the claims rest on, per workload."""
     table = {(r["policy"], r["workload"], r["concurrency"]): r for r in rows}
@@ -219,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fingerprint-streams", type=int, default=None,
                         help="streams per workload and policy (default 5; quick 3)")
     parser.add_argument("--fingerprint-only", action="store_true", help="skip the load points")
+    parser.add_argument("--passes", type=int, default=1,
+                        help="run the policies this many times, alternating order (2 = ABBA), and merge")
     args = parser.parse_args(argv)
     duration = args.duration or (5.0 if args.quick else 20.0)
     levels = [int(c) for c in (args.concurrency or ("1,4" if args.quick else "1,2,4,8,16,32,64")).split(",")]
@@ -236,27 +264,30 @@ def main(argv: list[str] | None = None) -> int:
     if args.fingerprint_only:
         levels = []
     rows, fingerprints = [], {}
-    progress = tqdm(total=len(policies) * len(workloads) * len(levels), desc="sweep", unit="point")
+    schedule = [(index, policy) for index in range(args.passes)
+                for policy in (policies if index % 2 == 0 else policies[::-1])]
+    progress = tqdm(total=len(schedule) * len(workloads) * len(levels), desc="sweep", unit="point")
     with tempfile.TemporaryDirectory() as scratch:
         workdir = Path(scratch)
-        for policy in policies:
-            progress.set_postfix_str(f"starting server ({policy})")
+        for pass_index, policy in schedule:
+            progress.set_postfix_str(f"starting server ({policy}, pass {pass_index + 1})")
             server = Server(policy, args.k, workdir)
             try:
                 for workload in workloads:
                     run_locust(server.url, workload, 1, 2, args.max_tokens, workdir)  # warm-up
                     for users in levels:
-                        progress.set_postfix_str(f"{policy} {workload} c={users}")
+                        progress.set_postfix_str(f"{policy} {workload} c={users} (pass {pass_index + 1})")
                         raw = run_locust(server.url, workload, users, duration, args.max_tokens, workdir)
-                        rows.append(summarise(policy, workload, users, raw))
-                        if users == 1:
+                        rows.append({**summarise(policy, workload, users, raw), "pass": pass_index + 1})
+                        if users == 1 and pass_index == 0:
                             gaps = args.out / f"gaps-{policy}-{workload}.json"
                             gaps.write_text(json.dumps({k: raw.get(k, []) for k in ("gaps_s", "tokens_per_chunk")}))
                         progress.update()
-                progress.set_postfix_str(f"fingerprint ({policy})")
-                streams = args.fingerprint_streams or (3 if args.quick else 5)
-                fingerprints[policy] = fingerprint_policy(server.url, policy, workloads, streams,
-                                                          args.max_tokens, args.out)
+                if policy not in fingerprints:
+                    progress.set_postfix_str(f"fingerprint ({policy})")
+                    streams = args.fingerprint_streams or (3 if args.quick else 5)
+                    fingerprints[policy] = fingerprint_policy(server.url, policy, workloads, streams,
+                                                              args.max_tokens, args.out)
             finally:
                 server.stop()
     progress.close()
@@ -267,6 +298,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"tokens/chunk, near-zero gaps {figures['near_zero_share']:.0%}, gap CV {figures['gap_cv']:.2f})")
     if args.fingerprint_only:
         return 0
+    if args.passes > 1:
+        with open(args.out / "sweep_passes.csv", "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=["pass"] + COLUMNS)
+            writer.writeheader()
+            writer.writerows(rows)
+    rows = merge_passes(rows)
     with open(args.out / "sweep.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS)
         writer.writeheader()

@@ -130,3 +130,20 @@ def test_fingerprint_tells_our_server_with_speculation_on_from_off(serve_url, pl
     assert verdicts["on"]["verdict"] == "speculation likely", verdicts
     assert verdicts["off"]["verdict"] == "speculation unlikely", verdicts
     assert verdicts["off"]["tokens_per_chunk"] == 1.0 < verdicts["on"]["tokens_per_chunk"]
+
+
+def test_sweep_passes_merge_into_one_point_over_both_windows():
+    """--passes 2 (ABBA) measures each point twice; the merged point is over both windows, not a mean of
+    rates, and a figure no pass has (acceptance with speculation off) stays empty."""
+    from load_tests.sweep import COLUMNS, merge_passes
+
+    def row(policy, tokens, seconds, p50, acceptance):
+        return {**dict.fromkeys(COLUMNS), "policy": policy, "workload": "json", "concurrency": 4, "requests": 10,
+                "failures": 0, "output_tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+                "latency_p50_s": p50, "acceptance_rate": acceptance}
+
+    merged = {r["policy"]: r for r in merge_passes([row("on", 1000, 10.0, 1.0, 0.6), row("off", 900, 10.0, 2.0, None),
+                                                    row("on", 1000, 30.0, 3.0, 0.4)])}
+    assert merged["on"]["tokens_per_s"] == 2000 / 40.0 and merged["on"]["requests"] == 20
+    assert merged["on"]["latency_p50_s"] == 2.0 and abs(merged["on"]["acceptance_rate"] - 0.5) < 1e-9
+    assert merged["off"]["acceptance_rate"] is None and merged["off"]["tokens_per_s"] == 90.0
