@@ -33,8 +33,6 @@ class DraftProposal:
     draft_probs: torch.Tensor | None  # [num_seqs, max_k, vocab] for sampled rows (greedy rows: unused)
     seconds: float = 0.0
     forward_steps: int = 0
-    # what the round paid for drafting as its caller saw it (remote call included); None = ``seconds``
-    cost_seconds: float | None = None
     # part of ``seconds`` that is not per-step drafting (prefilling new sequences, catching up on tokens
     # emitted while the sequence was not drafted) and how many forward steps it absorbed
     catchup_seconds: float = 0.0

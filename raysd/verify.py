@@ -28,7 +28,6 @@ class VerifyResult:
     seconds: float
     prefill_seconds: float
     batch_tokens: int  # tokens in the verify forward (rows × (max_k + 1))
-    cost_seconds: float | None = None  # what the round paid for verifying as its caller saw it; None = seconds
 
 
 def merge_results(num_seqs: int, parts: list[tuple[list[int], VerifyResult]]) -> VerifyResult:
@@ -39,7 +38,6 @@ def merge_results(num_seqs: int, parts: list[tuple[list[int], VerifyResult]]) ->
     """
     accepted, bonus, failed = [0] * num_seqs, [0] * num_seqs, [True] * num_seqs
     seconds = prefill_seconds = 0.0
-    cost: float | None = None
     batch_tokens = 0
     for rows, part in parts:
         for position, row in enumerate(rows):
@@ -47,9 +45,7 @@ def merge_results(num_seqs: int, parts: list[tuple[list[int], VerifyResult]]) ->
             failed[row] = part.failed[position]
         seconds, prefill_seconds = max(seconds, part.seconds), max(prefill_seconds, part.prefill_seconds)
         batch_tokens += part.batch_tokens
-        if part.cost_seconds is not None:
-            cost = max(cost or 0.0, part.cost_seconds)
-    return VerifyResult(accepted, bonus, failed, seconds, prefill_seconds, batch_tokens, cost)
+    return VerifyResult(accepted, bonus, failed, seconds, prefill_seconds, batch_tokens)
 
 
 class TargetVerifier:

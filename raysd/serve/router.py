@@ -233,9 +233,7 @@ class RoundLoop:
                                                    carrier, self.orphan_origins)
             calls.append(asyncio.wait_for(call, timeout=self.config.draft_timeout_s))
         parts = []
-        started = time.perf_counter()
         outcomes = await asyncio.gather(*calls, return_exceptions=True)
-        wall = time.perf_counter() - started
         for worker, rows, outcome in zip(workers, by_draft.values(), outcomes):
             if not isinstance(outcome, Exception):
                 parts.append((rows, outcome))
@@ -249,9 +247,7 @@ class RoundLoop:
                            worker.worker_id, type(outcome).__name__, len(rows))
             for row in rows:
                 ks[row], reasons[row] = 0, "draft_unavailable"
-        proposal = merge_proposals(len(plan.batch), parts)
-        proposal.cost_seconds = wall if parts else None
-        return proposal
+        return merge_proposals(len(plan.batch), parts)
 
     async def _verify(self, plan: RoundPlan, worker_id: str, rows: list[int], proposal: DraftProposal,
                       carrier: dict[str, str] | None = None) -> tuple[list[int], VerifyResult] | None:
@@ -260,10 +256,8 @@ class RoundLoop:
         sequences = [plan.batch[r] for r in rows]
         part = select_rows(proposal, rows)
         try:
-            started = time.perf_counter()
             calls = [rank.verify.remote(sequences, part, carrier, self.orphan_origins) for rank in worker.actors]
             results = await asyncio.wait_for(asyncio.gather(*calls), timeout=self.config.target_timeout_s)
-            results[0].cost_seconds = time.perf_counter() - started - results[0].prefill_seconds
         except Exception as error:
             self.target_failures += 1
             logger.error("target group %s failed during a round (%s: %s)", worker_id, type(error).__name__, error)
