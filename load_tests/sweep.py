@@ -255,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [w for w in workloads if w not in USER_CLASS] + [p for p in policies if p not in POLICIES]
     if unknown:
         parser.error(f"unknown workload/policy: {unknown}")
+    if args.passes < 1:
+        parser.error(f"--passes must be at least 1 (got {args.passes})")
     args.out.mkdir(parents=True, exist_ok=True)
 
     from tqdm import tqdm
