@@ -113,13 +113,26 @@ def plain_url(serve_url):
         yield url
 
 
-def test_fingerprint_tells_our_server_with_speculation_on_from_off(serve_url, plain_url, tmp_path):
+@pytest.fixture(scope="module")
+def speculating_url(serve_url):
+    """The demo pair with speculation always on (k = 4) as another app: what the fingerprint sees does not
+    then depend on what the session's adaptive app has learned from earlier tests (it may sit at k = 0)."""
+    from raysd.models import DEMO_DRAFT, DEMO_TARGET
+
+    config = {"target": {"model_dir": str(DEMO_TARGET), "max_model_len": 512, "max_num_seqs": 4},
+              "draft": {"model_dir": str(DEMO_DRAFT), "max_model_len": 512, "max_num_seqs": 4},
+              "router": {"engine": {"max_model_len": 512, "max_num_seqs": 4}, "policy": {"mode": "on", "k": 4}}}
+    with extra_app(serve_url, "speculating", config) as url:
+        yield url
+
+
+def test_fingerprint_tells_our_server_with_speculation_on_from_off(speculating_url, plain_url, tmp_path):
     import contextlib
 
     from raysd.cli import main
 
     verdicts = {}
-    for name, url in (("on", serve_url), ("off", plain_url)):
+    for name, url in (("on", speculating_url), ("off", plain_url)):
         plot = tmp_path / f"{name}.png"
         output = tmp_path / f"{name}.json"
         with open(output, "w") as handle, contextlib.redirect_stdout(handle):
