@@ -276,7 +276,9 @@ def main(argv: list[str] | None = None) -> int:
             server = Server(policy, args.k, workdir)
             try:
                 for workload in workloads:
-                    run_locust(server.url, workload, 1, 2, args.max_tokens, workdir)  # warm-up
+                    # warm-up, not measured: the first seconds of a new server (and of a new workload on it) run
+                    # slow for every policy (run 7: 55-74 tok/s at code c=1 in the first pass, 68-97 in the second)
+                    run_locust(server.url, workload, 4, 2 if args.quick else 8, args.max_tokens, workdir)
                     for users in levels:
                         progress.set_postfix_str(f"{policy} {workload} c={users} (pass {pass_index + 1})")
                         raw = run_locust(server.url, workload, users, duration, args.max_tokens, workdir)

@@ -34,7 +34,7 @@ class DraftProposal:
     seconds: float = 0.0
     forward_steps: int = 0
     # part of ``seconds`` that is not per-step drafting (prefilling new sequences, catching up on tokens
-    # emitted while the sequence was not drafted) and how many forward steps it absorbed
+    # emitted while the sequence was not drafted) and the catch-up forward steps it took
     catchup_seconds: float = 0.0
     catchup_steps: int = 0
 
@@ -130,18 +130,17 @@ class ModelDrafter:
         num_rows = len(self.table)
         rows = slice(0, num_rows)
         request_rows = self.table.rows_for([s.seq_id for s in sequences])  # [num_seqs]
+        catchup_steps = self._catch_up(sequences, request_rows.tolist(), rows)
+        first_started = time.perf_counter()
         lengths = self.cache.lengths[:num_rows].clone()
         pending = [s.token_ids[int(lengths[row]):] for s, row in zip(sequences, request_rows.tolist())]
-        width = max(len(tokens) for tokens in pending)
-        inputs = torch.zeros(num_rows, width, dtype=torch.long)
-        last_index = torch.zeros(num_rows, dtype=torch.long)
-        for tokens, row in zip(pending, request_rows.tolist()):
-            inputs[row, : len(tokens)] = torch.tensor(tokens)
-            last_index[row] = len(tokens) - 1
-        first_started = time.perf_counter()
-        logits = ragged_forward(self.model, self.cache, rows, inputs, self._positions(lengths, width))
-        # a wide first forward is catch-up (tokens emitted while not drafting), not a draft step
-        catchup = (time.perf_counter() - started) if width > 2 else (first_started - started)
+        inputs, last_index = self._ragged_inputs(pending, request_rows.tolist(), num_rows)
+        logits = ragged_forward(self.model, self.cache, rows, inputs, self._positions(lengths, inputs.shape[1]))
+        # prefilling new sequences and catching up are not per-step drafting, and the cost model learns the
+        # round without them: a steady state never catches up, and a new sequence's draft prefill is paid once
+        # per request (charged to one round, it made every k = 0 probe of a fresh row look as dear as 3× a
+        # plain round at batch 1)
+        catchup = first_started - started
         next_logits = logits[torch.arange(num_rows), last_index][request_rows]  # [num_seqs, vocab]
         position = lengths + last_index + 1  # [num_rows]: where the next fed token goes
 
@@ -174,7 +173,34 @@ class ModelDrafter:
         num_draft = torch.tensor(ks, dtype=torch.long)
         token_ids = token_ids * (torch.arange(max_k)[None, :] < num_draft[:, None])
         return DraftProposal(token_ids, num_draft, draft_probs, time.perf_counter() - started, max_k,
-                             catchup_seconds=catchup, catchup_steps=1 if width > 2 else 0)
+                             catchup_seconds=catchup, catchup_steps=catchup_steps)
+
+    @staticmethod
+    def _ragged_inputs(pending: list[list[int]], request_rows: list[int], num_rows: int
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``pending[i]`` laid out on cache row ``request_rows[i]``: inputs ``[num_rows, longest]`` (zeros
+        elsewhere) and each row's last real column ``[num_rows]``."""
+        width = max(len(tokens) for tokens in pending)
+        inputs = torch.zeros(num_rows, width, dtype=torch.long)
+        last_index = torch.zeros(num_rows, dtype=torch.long)
+        for tokens, row in zip(pending, request_rows):
+            inputs[row, : len(tokens)] = torch.tensor(tokens)
+            last_index[row] = len(tokens) - 1
+        return inputs, last_index
+
+    def _catch_up(self, sequences: list[Sequence], request_rows: list[int], rows: slice) -> int:
+        """Feed every token but the last that the target emitted while these sequences were not drafted, in
+        one forward, so the round's first draft step is as narrow as a steady state's (≤ 2 tokens a row).
+        Returns the forward steps spent (0 when nothing was behind)."""
+        lengths = self.cache.lengths[:rows.stop].clone()
+        behind = [s.token_ids[int(lengths[row]):-1] for s, row in zip(sequences, request_rows)]
+        if max(len(tokens) for tokens in behind) < 2:
+            return 0
+        inputs, _ = self._ragged_inputs([tokens or [0] for tokens in behind], request_rows, rows.stop)
+        ragged_forward(self.model, self.cache, rows, inputs, self._positions(lengths, inputs.shape[1]))
+        for tokens, row in zip(behind, request_rows):
+            self.cache.lengths[row] = int(lengths[row]) + len(tokens)
+        return 1
 
     def observe(self, seq_ids: list[str], num_accepted: list[int]) -> None:
         for seq_id, accepted in zip(seq_ids, num_accepted):

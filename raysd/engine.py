@@ -170,11 +170,11 @@ class SpecEngine:
 
         self.policy.observe_round([s.segment for s in batch], drafted, result.num_accepted)
         # the cost model learns what a whole round pays (in the server: remote calls and their overheads too),
-        # less prefill; a round where the draft first caught up on tokens decoded while it was idle is not
-        # learned from (a steady state does not repeat that work; a rare k = 1 probe would make k look dear)
-        if proposal.catchup_steps == 0:
-            round_seconds = time.perf_counter() - plan.started - result.prefill_seconds
-            self.policy.costs.observe_round(len(batch), max(drafted, default=0), round_seconds)
+        # less prefill and less the draft catching up on tokens decoded while it sat out: a steady state does
+        # not repeat that work, and learning from what is left keeps k > 0 measured by the rare k = 1 probes
+        # while the policy holds k = 0 (else the fit of k > 0 only decays and the policy can stick at k = 0)
+        round_seconds = time.perf_counter() - plan.started - result.prefill_seconds - proposal.catchup_seconds
+        self.policy.costs.observe_round(len(batch), max(drafted, default=0), round_seconds)
         now = time.perf_counter()
         for sequence in finished:
             sequence.finished_at = now

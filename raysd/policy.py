@@ -13,7 +13,7 @@ makes the whole batch pay for k. The round's k maximises the batch's expected to
 segment's α) per unit of cost; every row that may speculate gets it.
 
 Every decision carries a reason: ``opt_out``, ``fixed``, ``warmup``, ``pressure``, ``low_acceptance``
-(k = 0: nothing pays), ``probe`` (k = 1 for one row, to re-measure a segment held at k = 0) or ``adaptive``
+(k = 0: nothing pays), ``probe`` (a short draft for one row, to re-measure a segment held at k = 0) or ``adaptive``
 (k ≥ 1 chosen by the model).
 """
 
@@ -43,9 +43,18 @@ class _SegmentAcceptance:
 class AcceptanceTracker:
     """Per-segment per-token acceptance α as an EMA over rounds.
 
-    A round that drafted k and accepted n is n successes and, when n < k, one failure (the prefix rule
-    stops at the first rejection); α̂ = successes / trials.
+    A row that drafted k and accepted n is n successes and, when n < k, one failure (the prefix rule
+    stops at the first rejection); α̂ = successes / trials. The EMA decays once per round, whatever the
+    number of the segment's rows in it: decaying per row made α̂ at batch 32 an average over barely one
+    round's rows, noisy enough to flip a marginal decision every few rounds. Rounds the segment went
+    without drafting age the evidence too, at a quarter of the rate (``IDLE_AGEING``): the text moves on
+    meanwhile, so a probe after 32 plain rounds weighs as much as the last ~9 drafting rounds together, not
+    one of ~20 (α̂ stayed where it was when drafting stopped, and a segment held at k = 0 by a bad stretch
+    stayed there through text the draft predicts well). Not faster: each probe is one row and a few tokens,
+    and α̂ would then swing with each one toward the prior.
     """
+
+    IDLE_AGEING = 0.25
 
     def __init__(self, ema_decay: float, prior_alpha: float = 0.5, prior_weight: float = 2.0):
         self.ema_decay = ema_decay
@@ -54,11 +63,20 @@ class AcceptanceTracker:
         self.segments: dict[str, _SegmentAcceptance] = {}
 
     def observe(self, segment: str, drafted: int, accepted: int) -> None:
-        if drafted <= 0:
+        """One round with one row of ``segment``."""
+        self.observe_round(segment, [(drafted, accepted)])
+
+    def observe_round(self, segment: str, rows: list[tuple[int, int]], elapsed_rounds: int = 1) -> None:
+        """One round's ``(drafted, accepted)`` rows of ``segment``, ``elapsed_rounds`` after its previous
+        drafting round; rows that drafted nothing say nothing."""
+        rows = [(drafted, accepted) for drafted, accepted in rows if drafted > 0]
+        if not rows:
             return
         state = self.segments.setdefault(segment, _SegmentAcceptance())
-        state.successes = self.ema_decay * state.successes + accepted
-        state.trials = self.ema_decay * state.trials + accepted + (1 if accepted < drafted else 0)
+        decay = self.ema_decay ** (1 + self.IDLE_AGEING * max(0, elapsed_rounds - 1))
+        state.successes = decay * state.successes + sum(accepted for _, accepted in rows)
+        state.trials = decay * state.trials + sum(accepted + (1 if accepted < drafted else 0)
+                                                  for drafted, accepted in rows)
         state.rounds += 1
 
     def alpha(self, segment: str) -> float:
@@ -70,53 +88,59 @@ class AcceptanceTracker:
 
 
 class CostModel:
-    """Online fit of what a whole round costs, measured end to end: ``T(n, k) ≈ a + b·n + k·(c + d·n)``
-    seconds for a round over n rows drafting k tokens each (plan to commit, prefill excluded).
+    """Online fit of what a whole round costs, measured end to end:
+    ``T(n, k) ≈ a + b·n + [k > 0]·s + k·(c + d·n)`` seconds for a round over n rows drafting k tokens each
+    (plan to commit, prefill and draft catch-up excluded). ``s`` is what any drafting round pays once — the
+    call to the draft actor and back — which a fit linear in k would spread over k and so under-rate small k.
 
     Measuring the round itself — rather than adding up a draft step, a verify forward and a call overhead
     fitted separately — counts every cost a round really pays (remote hops, serialisation, the router's own
     work, the draft catching up) in the one place it is paid; the component sum under-rated large k by
     ~30% on the served path. The fit is exponentially forgetting least squares (of relative error) over
-    the features ``[1, n, k, k·n]``, regularised towards a fixed prior so it is defined before the rounds seen span two
-    values of k. The prior is the in-process demo pair on 2 CPU cores (``docs/bench_engine.md``): a draft
-    step + one more verified token ≈ 0.39 of a plain round at batch 1, ≈ 0.53 at batch 16.
+    the features ``[1, n, [k > 0], k, k·n]``, regularised towards a fixed prior so it is defined before the
+    rounds seen span three values of k. The prior is the in-process demo pair on 2 CPU cores (engine rounds
+    at batch 1: plain 10 ms, k = 1 16.6 ms, k = 4 24 ms, k = 8 36.6 ms): drafting at all ≈ 0.45 of a plain
+    round, each drafted token ≈ 0.25 more at batch 1 and ≈ 0.45 at batch 16.
     """
 
     def __init__(self, decay: float = 0.98, target_step_seconds: float = 0.015, prior_weight: float = 0.02):
         self.decay = decay
-        self.gram = [[0.0] * 4 for _ in range(4)]
-        self.moment = [0.0] * 4
-        self.prior_gram = [[0.0] * 4 for _ in range(4)]
-        self.prior_moment = [0.0] * 4
+        self.gram = [[0.0] * self.NUM_FEATURES for _ in range(self.NUM_FEATURES)]
+        self.moment = [0.0] * self.NUM_FEATURES
+        self.prior_gram = [[0.0] * self.NUM_FEATURES for _ in range(self.NUM_FEATURES)]
+        self.prior_moment = [0.0] * self.NUM_FEATURES
         base = target_step_seconds
         for num_seqs in (1, 8, 32):
-            for k in (0, 2, 4, 8):
-                seconds = base * (1 + 0.05 * num_seqs) + k * base * (0.37 + 0.036 * num_seqs)
+            for k in (0, 1, 2, 4, 8):
+                seconds = (base * (1 + 0.05 * num_seqs) + (k > 0) * 0.45 * base
+                           + k * base * (0.25 + 0.036 * num_seqs))
                 self._accumulate(self.prior_gram, self.prior_moment, num_seqs, k, seconds, prior_weight)
         self.rounds = 0
         self._coefficients: list[float] | None = None
 
+    NUM_FEATURES = 5
+
     @staticmethod
     def _features(num_seqs: int, k: int) -> list[float]:
-        return [1.0, float(num_seqs), float(k), float(k * num_seqs)]
+        return [1.0, float(num_seqs), float(k > 0), float(k), float(k * num_seqs)]
 
     def _accumulate(self, gram, moment, num_seqs: int, k: int, seconds: float, weight: float) -> None:
         """Add one point, weighted by 1/seconds²: relative errors count, so the cheap small-batch rounds (where
         the plain round, the denominator of every ratio, is small) are fitted as well as the big ones."""
         weight /= seconds * seconds
         features = self._features(num_seqs, k)
-        for i in range(4):
+        for i in range(len(features)):
             moment[i] += weight * features[i] * seconds
-            for j in range(4):
+            for j in range(len(features)):
                 gram[i][j] += weight * features[i] * features[j]
 
     def observe_round(self, num_seqs: int, k: int, seconds: float) -> None:
         """One finished round: ``num_seqs`` rows, longest draft ``k``, ``seconds`` wall time without prefill."""
         if num_seqs <= 0 or seconds <= 0:
             return
-        for i in range(4):
+        for i in range(self.NUM_FEATURES):
             self.moment[i] *= self.decay
-            for j in range(4):
+            for j in range(self.NUM_FEATURES):
                 self.gram[i][j] *= self.decay
         self._accumulate(self.gram, self.moment, num_seqs, k, seconds, 1.0)
         self.rounds += 1
@@ -133,10 +157,14 @@ class CostModel:
 
     def round_seconds(self, k: int, num_seqs: int) -> float:
         """Predicted wall time of a round; never below a plain round, never cheaper for a larger k."""
-        a, b, c, d = self._solve()
+        a, b, once, c, d = self._solve()
         plain = max(a + b * num_seqs, 1e-4)
+        if k <= 0:
+            return plain
         per_draft = max(c + d * num_seqs, 1e-6)  # drafting more never makes a round cheaper
-        return plain + k * per_draft
+        # ``once`` may fit negative (costs seen at few k, convex in k): bounded by the plain round, not clamped
+        # alone, which would price the small k it was fitted on wrongly
+        return max(plain + once + k * per_draft, plain + 1e-6)
 
     def round_cost(self, k: int, num_seqs: int) -> float:
         """A round drafting k tokens per row, in plain-round units at this batch (1.0 at k = 0)."""
@@ -182,6 +210,9 @@ class SpeculationPolicy:
         self.costs = CostModel(config.cost_decay)
         self.gate = PressureGate(config.pressure_high, config.pressure_low)
         self._rounds_without_drafts: dict[str, int] = {}
+        self._speculating = False  # did the last round draft for the batch (not just a probe)?
+        self._probes = 0
+        self._idle_before: dict[str, int] = {}  # segment → plain rounds before this round's drafts
 
     def best_round_k(self, alphas: list[float], k_limits: list[int], num_seqs: int) -> tuple[int, float]:
         """One k for the round's speculating rows, maximising the batch's tokens per unit of verify cost.
@@ -189,7 +220,11 @@ class SpeculationPolicy:
         A verify forward is as wide as its longest draft (rows are padded to max k + 1) and a draft step runs
         over every row, so the round's cost is set by the largest k for everyone: ``k·c + v(k, num_seqs)``.
         Each speculating row i then emits ``E(α_i, min(k, limit_i))`` tokens, every other row 1. Returns
-        ``(k, gain over plain decoding)``; (0, 1.0) unless the gain reaches ``min_gain``.
+        ``(k, gain over plain decoding)``; (0, 1.0) unless the gain reaches the switch threshold: ``min_gain``
+        to start speculating, halfway between break-even and it to keep on. The band is hysteresis: starting
+        makes the draft catch up on every row's tokens decoded meanwhile, a cost the fit does not price, so a
+        gain hovering near ``min_gain`` must not toggle the batch on and off every few rounds (sweep run 7:
+        1.5 tokens a chunk at code c=16, below both fixed policies).
         """
         others = num_seqs - len(alphas)
         best_k, best_value = 0, float(num_seqs)
@@ -199,7 +234,7 @@ class SpeculationPolicy:
             if value > best_value:
                 best_k, best_value = k, value
         gain = best_value / num_seqs
-        if gain < self.config.min_gain:
+        if gain < ((1.0 + self.config.min_gain) / 2 if self._speculating else self.config.min_gain):
             return 0, 1.0
         return best_k, gain
 
@@ -211,12 +246,13 @@ class SpeculationPolicy:
 
         Adaptive mode decides once per round (see ``best_round_k``) from every row's segment acceptance;
         all rows that may speculate get that k. A segment still warming up raises it to ``k`` (reason
-        ``warmup``); a segment held at k = 0 for ``probe_every`` rounds gets a probe (``probe``): k = 1 for
+        ``warmup``); a segment held at k = 0 for ``probe_every`` rounds gets a probe (``probe``): ``probe_k`` for
         its one shortest row, so its acceptance stays measured. One row, not all: a draft that sat out k = 0
         rounds must first catch up on every token it missed, and doing that for a whole batch of 32 rows
         every ``probe_every`` rounds cost the served path ~15% of its throughput at k = 0 (sweep run 7).
         """
         speculation_on = self.gate.update(pressure)
+        self._speculating = self._speculating and speculation_on
         num_seqs = len(segments)
         ks, reasons = [0] * num_seqs, [""] * num_seqs
         eligible = []
@@ -243,23 +279,47 @@ class SpeculationPolicy:
                 k_round, reason = self.config.k, "warmup"
             for row, limit in zip(eligible, limits):
                 ks[row], reasons[row] = max(0, min(k_round, limit)), reason
+            if any(limits):  # a round of prefills only says nothing about the regime
+                self._speculating = k_round > 0
             if idle and k_round == 0:
                 self._probe_one_row_each(idle, eligible, segments, limits, lengths, ks, reasons)
             for segment in {segments[row] for row in eligible}:
-                drafted = any(ks[row] for row in eligible if segments[row] == segment)
-                self._rounds_without_drafts[segment] = 0 if drafted else \
-                    self._rounds_without_drafts.get(segment, 0) + 1
+                if any(ks[row] for row in eligible if segments[row] == segment):
+                    self._idle_before[segment] = self._rounds_without_drafts.get(segment, 0)
+                    self._rounds_without_drafts[segment] = 0
+                else:
+                    self._rounds_without_drafts[segment] = self._rounds_without_drafts.get(segment, 0) + 1
         return Decision(ks, reasons, pressure, speculation_on, [gain] * num_seqs)
 
-    @staticmethod
-    def _probe_one_row_each(idle: set[str], eligible: list[int], segments: list[str], limits: list[int],
+    def probe_k(self, num_seqs: int) -> int:
+        """The draft length of the next probe at this batch: the longest k ≤ ``k`` whose predicted extra cost
+        over a plain round stays within ``PROBE_BUDGET`` of the ``probe_every`` rounds it serves (at least 1),
+        alternating with half of it (or with 2, when that is 1).
+
+        Long where it is cheap (batch 1: a probe of 3–4 tokens measures acceptance over several positions and
+        the cost of the k that would be used), 1–2 at large batches, where widening the whole batch's verify
+        is dear. Two lengths let the cost fit tell what drafting costs once per round (the draft call, a wider
+        verify) from what each further token costs; probes at one length left that split to the prior, which
+        priced k = 4 at 4.3 plain rounds where it costs 2.4 and held the demo pair at k = 0 at batch 1."""
+        budget = 1.0 + self.PROBE_BUDGET * self.config.probe_every
+        longest = max([k for k in range(1, self.config.k + 1) if self.costs.round_cost(k, num_seqs) <= budget],
+                      default=1)
+        self._probes += 1
+        other = longest // 2 if longest > 1 else 2  # a second length, however dear: the fit needs two
+        return longest if self._probes % 2 else min(other, self.config.k)
+
+    PROBE_BUDGET = 0.05  # of throughput while held at k = 0
+
+    def _probe_one_row_each(self, idle: set[str], eligible: list[int], segments: list[str], limits: list[int],
                             lengths: list[int] | None, ks: list[int], reasons: list[str]) -> None:
-        """k = 1 for the shortest row (least for the draft to catch up on) of each idle segment."""
+        """A probe (``probe_k``) for the shortest row (least for the draft to catch up on) of each idle
+        segment."""
+        k = self.probe_k(len(segments))
         for segment in idle:
             rows = [row for row, limit in zip(eligible, limits) if segments[row] == segment and limit > 0]
             if rows:
                 row = min(rows, key=lambda r: lengths[r] if lengths else 0)
-                ks[row], reasons[row] = 1, "probe"
+                ks[row], reasons[row] = min(k, limits[eligible.index(row)]), "probe"
 
     def describe(self, num_seqs: int) -> dict:
         """What the policy believes now, for /health: each segment's α and the cost model at ``num_seqs``
@@ -279,5 +339,8 @@ class SpeculationPolicy:
         }
 
     def observe_round(self, segments: list[str], drafted: list[int], accepted: list[int]) -> None:
+        by_segment: dict[str, list[tuple[int, int]]] = {}
         for segment, num_drafted, num_accepted in zip(segments, drafted, accepted):
-            self.acceptance.observe(segment, num_drafted, num_accepted)
+            by_segment.setdefault(segment, []).append((num_drafted, num_accepted))
+        for segment, rows in by_segment.items():
+            self.acceptance.observe_round(segment, rows, 1 + self._idle_before.pop(segment, 0))

@@ -235,3 +235,22 @@ def test_draft_timing_separates_catch_up_from_draft_steps(tiny_pair):
     drafter.observe([sequence.seq_id], [0])
     resumed = drafter.propose([sequence], [3])
     assert resumed.catchup_steps == 1 and resumed.catchup_seconds > 0
+    # caught up in its own forward, the draft proposes what a draft that saw the whole sequence at once does
+    fresh = ModelDrafter(draft, 2, 256, 8).propose([sequence], [3])
+    assert resumed.token_ids.tolist() == fresh.token_ids.tolist()
+
+
+def test_every_round_teaches_the_cost_model_probes_included(tiny_pair, references):
+    """A policy holding k = 0 drafts only in k = 1 probes, each a round where the draft catches up; those
+    rounds are learned from (less the catch-up), else the cost of drafting is never re-measured."""
+    prompts, expected = references
+    engine = _engine(tiny_pair, "model", PolicyConfig(warmup_rounds=0, probe_every=3, min_gain=10.0), 4)
+    sequences = [engine.add(p, SamplingParams(max_tokens=MAX_TOKENS)) for p in prompts[:4]]
+    rounds, probes = 0, 0
+    while engine.has_work:
+        engine.step()
+        rounds += 1
+        probes += engine.last_round.reasons.count("probe")
+    assert probes >= 3 and engine.policy.costs.rounds == rounds
+    for index, (sequence, (tokens, logits)) in enumerate(zip(sequences, expected)):
+        assert_greedy_equal_or_tie(sequence.output_token_ids, tokens, logits, f"prompt {index}")
