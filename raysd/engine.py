@@ -171,7 +171,7 @@ class SpecEngine:
         self.policy.observe_round([s.segment for s in batch], drafted, result.num_accepted)
         # the cost model learns what a whole round pays (in the server: remote calls and their overheads too),
         # less prefill and less the draft catching up on tokens decoded while it sat out: a steady state does
-        # not repeat that work, and learning from what is left keeps k > 0 measured by the rare k = 1 probes
+        # not repeat that work, and learning from what is left keeps k > 0 measured by the probes
         # while the policy holds k = 0 (else the fit of k > 0 only decays and the policy can stick at k = 0)
         round_seconds = time.perf_counter() - plan.started - result.prefill_seconds - proposal.catchup_seconds
         self.policy.costs.observe_round(len(batch), max(drafted, default=0), round_seconds)

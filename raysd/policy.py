@@ -204,6 +204,8 @@ class Decision:
 class SpeculationPolicy:
     """Per round: k and a reason for each sequence. Owns the tracker, cost model and gate."""
 
+    PROBE_BUDGET = 0.05  # share of throughput probes may cost while the policy holds k = 0
+
     def __init__(self, config: PolicyConfig):
         self.config = config
         self.acceptance = AcceptanceTracker(config.ema_decay)
@@ -307,8 +309,6 @@ class SpeculationPolicy:
         self._probes += 1
         other = longest // 2 if longest > 1 else 2  # a second length, however dear: the fit needs two
         return longest if self._probes % 2 else min(other, self.config.k)
-
-    PROBE_BUDGET = 0.05  # of throughput while held at k = 0
 
     def _probe_one_row_each(self, idle: set[str], eligible: list[int], segments: list[str], limits: list[int],
                             lengths: list[int] | None, ks: list[int], reasons: list[str]) -> None:
