@@ -1,25 +1,27 @@
 """Concurrency sweep: speculation off / always on (fixed k) / adaptive, per workload, with Locust.
 
-For each policy the script starts ``raysd serve`` once (its own local Ray), warms it up, then drives each
-workload at each concurrency with a headless Locust run (closed loop: users = concurrency) for a bounded
-time, reading Locust's raw per-chunk timings. It writes ``sweep.csv`` and PNG plots into ``--out`` and prints
+For each workload, each policy in turn gets a fresh ``raysd serve`` (its own local Ray), warmed up, then
+driven at each concurrency with a headless Locust run (closed loop: users = concurrency) for a bounded time,
+reading Locust's raw per-chunk timings. It writes ``sweep.csv`` and PNG plots into ``--out`` and prints
 the ratios the claims rest on:
 
 - adaptive / max(off, on) at each concurrency (goal ≥ 0.95 everywhere);
 - on / off at the top concurrency (speculation at high load loses: < 1);
 - TTFT spec / off (speculation does nothing for prefill: ≈ 1.00).
 
-    python load_tests/sweep.py                      # full sweep (~25 min on 2 cores) → bench/results/sweep/
+    python load_tests/sweep.py                      # full sweep (~30 min on 2 cores) → bench/results/sweep/
     python load_tests/sweep.py --quick --out /tmp/s # smoke run: json only, concurrency 1 and 4, 5 s each
     python load_tests/sweep.py --fingerprint-only   # only the outside observer's verdicts, per policy
     python load_tests/sweep.py --passes 2           # ABBA: policies again in reverse order, points merged
 
 Servers run one at a time, so a policy's points are measured at a different time from another's. This machine
 drifts (the same server and point read 473 and 509 tok/s five minutes apart), which biases whichever policy
-runs last; ``--passes 2`` runs the policies in order, then in reverse, and merges each point over both passes
-(tokens / seconds summed), cancelling a linear drift. Per-pass rows go to ``sweep_passes.csv``.
+runs last. Two defences: the policies take turns per workload (a workload's three policies are measured within
+~5 minutes, not ~25), in alternating order (off, on, adaptive, then adaptive, on, off, ...); and ``--passes 2``
+runs the whole schedule twice, merging each point over both passes (tokens / seconds summed), which cancels a
+linear drift. Per-pass rows go to ``sweep_passes.csv``.
 
-After each policy's load points the idle server is also fingerprinted from outside (``raysd fingerprint``'s
+After a policy's first load points its idle server is also fingerprinted from outside (``raysd fingerprint``'s
 analysis on a few streams per workload): ``fingerprints.json`` and ``fingerprint-<policy>-<workload>.png``.
 """
 
@@ -266,27 +268,28 @@ def main(argv: list[str] | None = None) -> int:
     if args.fingerprint_only:
         levels = []
     rows, fingerprints = [], {}
-    schedule = [(index, policy) for index in range(args.passes)
-                for policy in (policies if index % 2 == 0 else policies[::-1])]
-    progress = tqdm(total=len(schedule) * len(workloads) * len(levels), desc="sweep", unit="point")
+    blocks = [(index, workload) for index in range(args.passes) for workload in (workloads if levels else [None])]
+    schedule = [(index, workload, policy) for turn, (index, workload) in enumerate(blocks)
+                for policy in (policies if turn % 2 == 0 else policies[::-1])]
+    progress = tqdm(total=args.passes * len(policies) * len(workloads) * len(levels), desc="sweep", unit="point")
     with tempfile.TemporaryDirectory() as scratch:
         workdir = Path(scratch)
-        for pass_index, policy in schedule:
+        for pass_index, workload, policy in schedule:
             progress.set_postfix_str(f"starting server ({policy}, pass {pass_index + 1})")
             server = Server(policy, args.k, workdir)
             try:
-                for workload in workloads:
-                    # warm-up, not measured: the first seconds of a new server (and of a new workload on it) run
-                    # slow for every policy (run 7: 55-74 tok/s at code c=1 in the first pass, 68-97 in the second)
+                if workload is not None:
+                    # warm-up, not measured: the first seconds of a new server run slow for every policy (run 7:
+                    # 55-74 tok/s at code c=1 in the first pass, 68-97 in the second)
                     run_locust(server.url, workload, 4, 2 if args.quick else 8, args.max_tokens, workdir)
-                    for users in levels:
-                        progress.set_postfix_str(f"{policy} {workload} c={users} (pass {pass_index + 1})")
-                        raw = run_locust(server.url, workload, users, duration, args.max_tokens, workdir)
-                        rows.append({**summarise(policy, workload, users, raw), "pass": pass_index + 1})
-                        if users == 1 and pass_index == 0:
-                            gaps = args.out / f"gaps-{policy}-{workload}.json"
-                            gaps.write_text(json.dumps({k: raw.get(k, []) for k in ("gaps_s", "tokens_per_chunk")}))
-                        progress.update()
+                for users in levels:
+                    progress.set_postfix_str(f"{policy} {workload} c={users} (pass {pass_index + 1})")
+                    raw = run_locust(server.url, workload, users, duration, args.max_tokens, workdir)
+                    rows.append({**summarise(policy, workload, users, raw), "pass": pass_index + 1})
+                    if users == 1 and pass_index == 0:
+                        gaps = args.out / f"gaps-{policy}-{workload}.json"
+                        gaps.write_text(json.dumps({k: raw.get(k, []) for k in ("gaps_s", "tokens_per_chunk")}))
+                    progress.update()
                 if policy not in fingerprints:
                     progress.set_postfix_str(f"fingerprint ({policy})")
                     streams = args.fingerprint_streams or (3 if args.quick else 5)
