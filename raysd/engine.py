@@ -36,7 +36,6 @@ class RoundPlan:
     batch: list[Sequence]
     decision: Decision
     started: float
-    gap_seconds: float = 0.0  # since the previous round ended, when sequences were running throughout
 
 
 @dataclass
@@ -75,7 +74,6 @@ class SpecEngine:
         self.running: list[Sequence] = []
         self.aggregator = SpecDecodeAggregator()
         self.last_round: RoundStats | None = None
-        self._busy_since: float | None = None  # end of the last round, while sequences kept running
 
     # ------------------------------------------------------------------------------------ requests
     def add(self, prompt_token_ids: list[int], params: SamplingParams, segment: str = "default") -> Sequence:
@@ -141,8 +139,7 @@ class SpecEngine:
         for row, prefill in enumerate(prefilling):
             if prefill and not opt_out[row] and decision.reasons[row] != "off":
                 decision.ks[row], decision.reasons[row] = 0, "prefill"
-        gap = started - self._busy_since if self._busy_since is not None else 0.0
-        return RoundPlan(batch, decision, started, gap)
+        return RoundPlan(batch, decision, started)
 
     def commit(self, plan: RoundPlan, proposal: DraftProposal, result: VerifyResult) -> tuple[list[StepOutput],
                                                                                             list[Sequence]]:
@@ -178,18 +175,11 @@ class SpecEngine:
         # while the policy holds k = 0 (else the fit of k > 0 only decays and the policy can stick at k = 0)
         round_seconds = time.perf_counter() - plan.started - result.prefill_seconds - proposal.catchup_seconds
         self.policy.costs.observe_round(len(batch), max(drafted, default=0), round_seconds)
-        # ...and, apart, what it paid outside that fit, per emitted token: prefills (the draft's while drafting
-        # for the batch; a probe's is the probe's) and the wait since the last round. Catching up is left out:
-        # it is the price of switching k = 0 → k > 0, which hysteresis, not the steady rate, accounts for
-        drafting = max(drafted, default=0) > 0 and "probe" not in decision.reasons
-        self.policy.costs.observe_overhead(sum(emitted_counts), result.prefill_seconds + plan.gap_seconds,
-                                           proposal.prefill_seconds if drafting else None)
         now = time.perf_counter()
         for sequence in finished:
             sequence.finished_at = now
         gone = {s.seq_id for s in finished}
         self.running = [s for s in self.running if s.seq_id not in gone]
-        self._busy_since = now if self.running else None
         self.last_round = RoundStats(
             segments=[s.segment for s in batch], ks=decision.ks, drafted=drafted,
             accepted=result.num_accepted, emitted=emitted_counts, reasons=decision.reasons,

@@ -101,18 +101,7 @@ class CostModel:
     rounds seen span three values of k. The prior is the in-process demo pair on 2 CPU cores (engine rounds
     at batch 1: plain 10 ms, k = 1 16.6 ms, k = 4 24 ms, k = 8 36.6 ms): drafting at all ≈ 0.45 of a plain
     round, each drafted token ≈ 0.25 more at batch 1 and ≈ 0.45 at batch 16.
-
-    What the fit leaves out is still paid, and it is paid per request, so per emitted token: the target's
-    prefill of new requests and the serving loop's time between rounds (``overhead_per_token``, measured in
-    every round), and, only while drafting, the draft's prefill of new requests (measured in drafting rounds,
-    probes apart; catching up after k = 0 is a switching cost, which the hysteresis in ``best_round_k`` is
-    for). A round emitting more tokens finishes requests sooner and pays their next prefills sooner. On the
-    served demo pair at batch 16 (prose) that was 0.3 ms a token without speculation
-    and 0.8 ms with it: a k = 1 round really cost 1.9 plain rounds where the fit alone said 1.55, and the
-    policy speculated at 0.85× the throughput of plain decoding.
     """
-
-    OVERHEAD_DECAY = 0.99  # per round, ~100 rounds: prefills come in bursts (a batch admitted at once)
 
     def __init__(self, decay: float = 0.98, target_step_seconds: float = 0.015, prior_weight: float = 0.02):
         self.decay = decay
@@ -128,9 +117,6 @@ class CostModel:
                 self._accumulate(self.prior_gram, self.prior_moment, num_seqs, k, seconds, prior_weight)
         self.rounds = 0
         self._coefficients: list[float] | None = None
-        # [EMA of seconds, EMA of emitted tokens]: their ratio is seconds per emitted token
-        self._target_overhead = [0.0, 0.0]
-        self._draft_overhead = [0.0, 0.0]
 
     NUM_FEATURES = 5
 
@@ -160,20 +146,6 @@ class CostModel:
         self.rounds += 1
         self._coefficients = None
 
-    def observe_overhead(self, emitted: int, target_seconds: float, draft_seconds: float | None = None) -> None:
-        """One round's seconds outside the fit over the ``emitted`` tokens it produced: ``target_seconds``
-        (prefills, the wait since the last round), and ``draft_seconds`` (the draft's prefills) for a drafting
-        round that was not a probe (None otherwise)."""
-        for state, seconds in ((self._target_overhead, target_seconds), (self._draft_overhead, draft_seconds)):
-            if seconds is not None and seconds >= 0:
-                state[0] = self.OVERHEAD_DECAY * state[0] + seconds
-                state[1] = self.OVERHEAD_DECAY * state[1] + emitted
-
-    def overhead_per_token(self, drafting: bool) -> float:
-        """Seconds a round pays outside the fit per token it emits (0 until measured)."""
-        parts = (self._target_overhead, self._draft_overhead) if drafting else (self._target_overhead,)
-        return sum(seconds / tokens for seconds, tokens in parts if tokens > 0)
-
     def _solve(self) -> list[float]:
         if self._coefficients is None:
             import numpy
@@ -183,31 +155,26 @@ class CostModel:
             self._coefficients = numpy.linalg.lstsq(gram, moment, rcond=None)[0].tolist()
         return self._coefficients
 
-    def round_seconds(self, k: int, num_seqs: int, emitted: float | None = None) -> float:
-        """Predicted wall time of a round emitting ``emitted`` tokens (default: one a row) with what it pays
-        outside the fit; never below a plain round, never cheaper for a larger k."""
+    def round_seconds(self, k: int, num_seqs: int) -> float:
+        """Predicted wall time of a round; never below a plain round, never cheaper for a larger k."""
         a, b, once, c, d = self._solve()
-        fitted_plain = max(a + b * num_seqs, 1e-4)
-        plain = fitted_plain + num_seqs * self.overhead_per_token(False)
+        plain = max(a + b * num_seqs, 1e-4)
         if k <= 0:
             return plain
         per_draft = max(c + d * num_seqs, 1e-6)  # drafting more never makes a round cheaper
-        outside = (num_seqs if emitted is None else emitted) * self.overhead_per_token(True)
         # ``once`` may fit negative (costs seen at few k, convex in k): bounded by the plain round, not clamped
         # alone, which would price the small k it was fitted on wrongly
-        return max(fitted_plain + once + k * per_draft, fitted_plain + 1e-6) + outside
+        return max(plain + once + k * per_draft, plain + 1e-6)
 
-    def round_cost(self, k: int, num_seqs: int, emitted: float | None = None) -> float:
-        """A round drafting k tokens per row (emitting ``emitted``), in plain-round units at this batch (1.0 at
-        k = 0)."""
-        return self.round_seconds(k, num_seqs, emitted) / self.round_seconds(0, num_seqs)
+    def round_cost(self, k: int, num_seqs: int) -> float:
+        """A round drafting k tokens per row, in plain-round units at this batch (1.0 at k = 0)."""
+        return self.round_seconds(k, num_seqs) / self.round_seconds(0, num_seqs)
 
     def speedup(self, alpha: float, k: int, num_seqs: int) -> float:
         """Leviathan's ``E(α, k)`` over the round's measured cost; 1.0 at k = 0."""
         if k == 0:
             return 1.0
-        emitted = expected_tokens(alpha, k)
-        return emitted / self.round_cost(k, num_seqs, emitted * num_seqs)
+        return expected_tokens(alpha, k) / self.round_cost(k, num_seqs)
 
 
 class PressureGate:
@@ -265,7 +232,7 @@ class SpeculationPolicy:
         best_k, best_value = 0, float(num_seqs)
         for k in range(1, max(k_limits, default=0) + 1):
             emitted = others + sum(expected_tokens(alpha, min(k, limit)) for alpha, limit in zip(alphas, k_limits))
-            value = emitted / self.costs.round_cost(k, num_seqs, emitted)
+            value = emitted / self.costs.round_cost(k, num_seqs)
             if value > best_value:
                 best_k, best_value = k, value
         gain = best_value / num_seqs
@@ -367,9 +334,7 @@ class SpeculationPolicy:
                      "round_seconds": {k: round(self.costs.round_seconds(k, num_seqs), 5)
                                        for k in range(self.config.k_max + 1)},
                      "round_cost": {k: round(self.costs.round_cost(k, num_seqs), 3)
-                                    for k in range(self.config.k_max + 1)},
-                     "overhead_ms_per_token": {"plain": round(1e3 * self.costs.overhead_per_token(False), 3),
-                                               "drafting": round(1e3 * self.costs.overhead_per_token(True), 3)}},
+                                    for k in range(self.config.k_max + 1)}},
             "speculation_on": self.gate.speculation_on,
         }
 

@@ -254,24 +254,3 @@ def test_every_round_teaches_the_cost_model_probes_included(tiny_pair, reference
     assert probes >= 3 and engine.policy.costs.rounds == rounds
     for index, (sequence, (tokens, logits)) in enumerate(zip(sequences, expected)):
         assert_greedy_equal_or_tie(sequence.output_token_ids, tokens, logits, f"prompt {index}")
-
-
-def test_prefills_are_measured_apart_and_taught_per_emitted_token(tiny_pair, references):
-    """The draft reports the seconds it spent prefilling sequences new to it; the engine teaches the policy
-    what rounds paid outside the cost fit (prefills) per emitted token, the draft's share only from
-    drafting rounds."""
-    prompts, _ = references
-    engine = _engine(tiny_pair, "model", PolicyConfig(mode="on", k=3), 4)
-    for prompt in prompts[:4]:
-        engine.add(prompt, SamplingParams(max_tokens=MAX_TOKENS))
-    proposals, propose = [], engine.drafter.propose
-    engine.drafter.propose = lambda sequences, ks: proposals.append(propose(sequences, ks)) or proposals[-1]
-    engine.step()  # the prefill round (k = 0): the target prefills, the draft is not called
-    assert engine.last_round.prefill_seconds > 0 and not proposals
-    engine.run_to_completion()
-    assert proposals[0].prefill_seconds > 0  # the first drafting round: all four are new to the draft
-    assert proposals[0].catchup_seconds >= proposals[0].prefill_seconds
-    assert all(p.prefill_seconds == 0.0 for p in proposals[1:])  # nothing new to prefill afterwards
-    costs = engine.policy.costs
-    assert costs.overhead_per_token(False) > 0  # the target's prefills, spread over the tokens emitted
-    assert costs.overhead_per_token(True) >= costs.overhead_per_token(False)

@@ -255,29 +255,3 @@ def test_probes_are_long_where_cheap_and_short_where_dear():
     large = {policy.probe_k(32) for _ in range(4)}
     assert max(small) == 4 and len(small) == 2
     assert large == {1, 2}
-
-
-def test_what_the_fit_leaves_out_is_priced_per_emitted_token():
-    """Prefills are paid per request, so per emitted token: a round that emits more pays more of them, and
-    drafting adds the draft's prefill. Numbers from the served demo pair at batch 16 (prose): the fit alone
-    priced k = 1 at ~1.55 plain rounds; prefills (0.3 ms a token for the target, 0.2 more for the draft)
-    made it ~1.9, so speculating at α ≈ 0.63 (1.63 tokens a row) lost to plain decoding."""
-    policy = SpeculationPolicy(PolicyConfig(warmup_rounds=0))
-    served = {0: 0.0325, 1: 0.052, 2: 0.060, 4: 0.075}  # fit part of a batch-16 round, seconds
-    for _ in range(200):
-        for k, seconds in served.items():
-            policy.costs.observe_round(16, k, seconds)
-    for _ in range(50):
-        policy.acceptance.observe_round("prose", [(1, 1)] * 10 + [(1, 0)] * 6)
-    fit_only = policy.best_round_k([policy.acceptance.alpha("prose")] * 16, [8] * 16, 16)
-    assert fit_only[0] > 0 and fit_only[1] > 1.05  # without the prefills, speculation looks like it pays
-    for _ in range(200):
-        policy.costs.observe_overhead(16, target_seconds=16 * 0.0003)  # plain rounds: target prefills only
-        policy.costs.observe_overhead(26, target_seconds=26 * 0.0003, draft_seconds=26 * 0.0002)
-    assert policy.costs.overhead_per_token(False) == pytest.approx(0.0003)
-    assert policy.costs.overhead_per_token(True) == pytest.approx(0.0005)
-    assert policy.costs.round_cost(0, 16) == 1.0
-    # a k = 1 round emitting 26 tokens: the fit's 52 ms plus 26 × 0.5 ms, over 32.5 ms plus 16 × 0.3 ms
-    assert policy.costs.round_cost(1, 16, 26) == pytest.approx((0.052 + 26 * 0.0005) / (0.0325 + 16 * 0.0003),
-                                                               rel=0.03)
-    assert policy.best_round_k([policy.acceptance.alpha("prose")] * 16, [8] * 16, 16) == (0, 1.0)
