@@ -12,7 +12,7 @@ the ratios the claims rest on:
     python load_tests/sweep.py                      # full sweep (~30 min on 2 cores) → bench/results/sweep/
     python load_tests/sweep.py --quick --out /tmp/s # smoke run: json only, concurrency 1 and 4, 5 s each
     python load_tests/sweep.py --fingerprint-only   # only the outside observer's verdicts, per policy
-    python load_tests/sweep.py --passes 2           # ABBA: policies again in reverse order, points merged
+    python load_tests/sweep.py --passes 2           # the schedule twice, orders reversed, points merged
 
 Servers run one at a time, so a policy's points are measured at a different time from another's. This machine
 drifts (the same server and point read 473 and 509 tok/s five minutes apart), which biases whichever policy
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         workdir = Path(scratch)
         for pass_index, workload, policy in schedule:
-            progress.set_postfix_str(f"starting server ({policy}, pass {pass_index + 1})")
+            progress.set_postfix_str(f"starting server ({policy}, {workload or 'fingerprints'}, pass {pass_index + 1})")
             server = Server(policy, args.k, workdir)
             try:
                 if workload is not None:
