@@ -254,3 +254,42 @@ def test_every_round_teaches_the_cost_model_probes_included(tiny_pair, reference
     assert probes >= 3 and engine.policy.costs.rounds == rounds
     for index, (sequence, (tokens, logits)) in enumerate(zip(sequences, expected)):
         assert_greedy_equal_or_tie(sequence.output_token_ids, tokens, logits, f"prompt {index}")
+
+
+def test_the_drafts_prefills_are_measured_apart_and_taught_per_emitted_token(tiny_pair, references):
+    """The draft reports the seconds it spent prefilling sequences new to it; the engine teaches the policy
+    that cost per emitted token from drafting rounds only (plain rounds never pay it)."""
+    prompts, _ = references
+    engine = _engine(tiny_pair, "model", PolicyConfig(mode="on", k=3), 4)
+    for prompt in prompts[:4]:
+        engine.add(prompt, SamplingParams(max_tokens=MAX_TOKENS))
+    proposals, propose = [], engine.drafter.propose
+    engine.drafter.propose = lambda sequences, ks: proposals.append(propose(sequences, ks)) or proposals[-1]
+    engine.step()  # the prefill round (k = 0): the target prefills, the draft is not called
+    assert engine.last_round.prefill_seconds > 0 and not proposals
+    assert engine.policy.costs.draft_prefill_per_token() == 0.0
+    engine.step()
+    assert proposals[0].prefill_seconds > 0  # the first drafting round: all four are new to the draft
+    assert proposals[0].catchup_seconds >= proposals[0].prefill_seconds
+    emitted = sum(engine.last_round.emitted)
+    assert engine.policy.costs.draft_prefill_per_token() == pytest.approx(proposals[0].prefill_seconds / emitted)
+    engine.run_to_completion()
+    assert all(p.prefill_seconds == 0.0 for p in proposals[1:])  # nothing new to prefill afterwards
+    assert 0 < engine.policy.costs.draft_prefill_per_token() < proposals[0].prefill_seconds / emitted
+
+
+def test_prefilling_a_batch_that_ran_without_drafts_is_a_switching_cost_not_a_rate(tiny_pair, references):
+    """Sequences first drafted long after admission (speculation turned on mid-way) make the draft prefill
+    them: timed as catch-up, not as the per-request prefill the policy prices per token."""
+    prompts, _ = references
+    engine = _engine(tiny_pair, "model", PolicyConfig(mode="off"), 4)
+    for prompt in prompts[:4]:
+        engine.add(prompt, SamplingParams(max_tokens=MAX_TOKENS))
+    for _ in range(3):
+        engine.step()
+    engine.policy.config = PolicyConfig(mode="on", k=3)
+    proposals, propose = [], engine.drafter.propose
+    engine.drafter.propose = lambda sequences, ks: proposals.append(propose(sequences, ks)) or proposals[-1]
+    engine.step()
+    assert proposals[0].catchup_seconds > 0 and proposals[0].prefill_seconds == 0.0
+    assert engine.policy.costs.draft_prefill_per_token() == 0.0
