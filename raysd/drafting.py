@@ -37,10 +37,6 @@ class DraftProposal:
     # emitted while the sequence was not drafted) and the catch-up forward steps it took
     catchup_seconds: float = 0.0
     catchup_steps: int = 0
-    # part of ``catchup_seconds``: prefilling sequences new to the draft at their first decode round (what a
-    # drafting steady state pays per request; the prefill of older sequences, first drafted when the batch
-    # turns speculation on, is the cost of switching and stays out of it)
-    prefill_seconds: float = 0.0
 
 
 class Drafter(Protocol):
@@ -67,7 +63,7 @@ def select_rows(proposal: DraftProposal, rows: list[int]) -> DraftProposal:
     probs = proposal.draft_probs[index, :width] if proposal.draft_probs is not None else None
     return DraftProposal(proposal.token_ids[index, :width], num_draft, probs, proposal.seconds,
                          proposal.forward_steps, catchup_seconds=proposal.catchup_seconds,
-                         catchup_steps=proposal.catchup_steps, prefill_seconds=proposal.prefill_seconds)
+                         catchup_steps=proposal.catchup_steps)
 
 
 def merge_proposals(num_seqs: int, parts: list[tuple[list[int], DraftProposal]]) -> DraftProposal:
@@ -91,8 +87,7 @@ def merge_proposals(num_seqs: int, parts: list[tuple[list[int], DraftProposal]])
             draft_probs[index, :part_width] = part.draft_probs
     slowest = max(parts, key=lambda item: item[1].seconds, default=(None, empty_proposal(0)))[1]
     return DraftProposal(token_ids, num_draft, draft_probs, slowest.seconds, slowest.forward_steps,
-                         catchup_seconds=slowest.catchup_seconds, catchup_steps=slowest.catchup_steps,
-                         prefill_seconds=slowest.prefill_seconds)
+                         catchup_seconds=slowest.catchup_seconds, catchup_steps=slowest.catchup_steps)
 
 
 def empty_proposal(num_seqs: int) -> DraftProposal:
@@ -125,13 +120,9 @@ class ModelDrafter:
         max_k = max(ks, default=0)
         if max_k == 0:
             return empty_proposal(len(sequences))
-        prefill_seconds = 0.0
         for sequence in sequences:
             if sequence.seq_id not in self.table:
-                prefill_started = time.perf_counter()
                 self._prefill(sequence)
-                if sequence.num_generated <= 1:
-                    prefill_seconds += time.perf_counter() - prefill_started
             elif sequence.seq_id in self._last_k:  # last proposal never observed (lost reply): keep only
                 base, _ = self._last_k.pop(sequence.seq_id)  # the verified prefix
                 row = self.table.row_of[sequence.seq_id]
@@ -182,7 +173,7 @@ class ModelDrafter:
         num_draft = torch.tensor(ks, dtype=torch.long)
         token_ids = token_ids * (torch.arange(max_k)[None, :] < num_draft[:, None])
         return DraftProposal(token_ids, num_draft, draft_probs, time.perf_counter() - started, max_k,
-                             catchup_seconds=catchup, catchup_steps=catchup_steps, prefill_seconds=prefill_seconds)
+                             catchup_seconds=catchup, catchup_steps=catchup_steps)
 
     @staticmethod
     def _ragged_inputs(pending: list[list[int]], request_rows: list[int], num_rows: int

@@ -175,11 +175,6 @@ class SpecEngine:
         # while the policy holds k = 0 (else the fit of k > 0 only decays and the policy can stick at k = 0)
         round_seconds = time.perf_counter() - plan.started - result.prefill_seconds - proposal.catchup_seconds
         self.policy.costs.observe_round(len(batch), max(drafted, default=0), round_seconds)
-        # ...and, apart, the draft's prefill of requests new to it: paid per request only while the batch
-        # drafts (a probe's one row is the probe's cost; catching up after k = 0 is a switching cost, which the
-        # policy's hysteresis is for)
-        if max(drafted, default=0) > 0 and "probe" not in decision.reasons:
-            self.policy.costs.observe_draft_prefill(sum(emitted_counts), proposal.prefill_seconds)
         now = time.perf_counter()
         for sequence in finished:
             sequence.finished_at = now

@@ -51,14 +51,10 @@ class AcceptanceTracker:
     meanwhile, so a probe after 32 plain rounds weighs as much as the last ~9 drafting rounds together, not
     one of ~20 (α̂ stayed where it was when drafting stopped, and a segment held at k = 0 by a bad stretch
     stayed there through text the draft predicts well). Not faster: each probe is one row and a few tokens,
-    and α̂ would then swing with each one toward the prior. A round of fewer than ``FULL_ROUND_TRIALS``
-    trials ages the evidence in proportion (a batch-1 round at k = 4 is ~4 trials, a quarter of a round): with a
-    full decay per batch-1 round α̂ remembered ~20 rounds, a third of a request, and dropped code to k = 0 in
-    59% of its rounds at batch 1 on the held-out prompts (39% with this), where always-on k = 4 is faster.
+    and α̂ would then swing with each one toward the prior.
     """
 
     IDLE_AGEING = 0.25
-    FULL_ROUND_TRIALS = 16
 
     def __init__(self, ema_decay: float, prior_alpha: float = 0.5, prior_weight: float = 2.0):
         self.ema_decay = ema_decay
@@ -77,11 +73,10 @@ class AcceptanceTracker:
         if not rows:
             return
         state = self.segments.setdefault(segment, _SegmentAcceptance())
-        trials = sum(accepted + (1 if accepted < drafted else 0) for drafted, accepted in rows)
-        size = min(1.0, trials / self.FULL_ROUND_TRIALS)
-        decay = self.ema_decay ** (size + self.IDLE_AGEING * max(0, elapsed_rounds - 1))
+        decay = self.ema_decay ** (1 + self.IDLE_AGEING * max(0, elapsed_rounds - 1))
         state.successes = decay * state.successes + sum(accepted for _, accepted in rows)
-        state.trials = decay * state.trials + trials
+        state.trials = decay * state.trials + sum(accepted + (1 if accepted < drafted else 0)
+                                                  for drafted, accepted in rows)
         state.rounds += 1
 
     def alpha(self, segment: str) -> float:
@@ -106,20 +101,7 @@ class CostModel:
     rounds seen span three values of k. The prior is the in-process demo pair on 2 CPU cores (engine rounds
     at batch 1: plain 10 ms, k = 1 16.6 ms, k = 4 24 ms, k = 8 36.6 ms): drafting at all ≈ 0.45 of a plain
     round, each drafted token ≈ 0.25 more at batch 1 and ≈ 0.45 at batch 16.
-
-    One cost the fit leaves out depends on k: while the batch drafts, the draft prefills every new request
-    (at k = 0 it never sees them). That is paid per request, so per emitted token — a round that emits more
-    finishes requests sooner and pays their draft prefills sooner — and ``round_seconds`` adds it to drafting
-    rounds (``draft_prefill_per_token``: measured in drafting rounds, probes apart, over requests at their
-    first decode round only: prefilling a whole batch that ran at k = 0 when speculation turns on is a
-    switching cost, and counted as a per-token rate it held code at k = 0 after a c = 32 window). Costs paid
-    whatever k is (the target's prefill, the wait between rounds) are left out on purpose: they do not change
-    which k is fastest, only dilute every gain toward 1, and priced as one figure measured under load they
-    held batch 1 at k = 0 (sweep run 9). On the served demo pair at batch 16 (prose) the draft's prefill was 4.3 ms of a
-    k = 1 round (~0.17 ms an emitted token): without it the policy drafted at 0.85-0.9× plain decoding.
     """
-
-    PREFILL_DECAY = 0.99  # per drafting round, ~100 rounds: prefills come in bursts (several admitted at once)
 
     def __init__(self, decay: float = 0.98, target_step_seconds: float = 0.015, prior_weight: float = 0.02):
         self.decay = decay
@@ -135,7 +117,6 @@ class CostModel:
                 self._accumulate(self.prior_gram, self.prior_moment, num_seqs, k, seconds, prior_weight)
         self.rounds = 0
         self._coefficients: list[float] | None = None
-        self._draft_prefill = [0.0, 0.0]  # [EMA of seconds, EMA of emitted tokens] over drafting rounds
 
     NUM_FEATURES = 5
 
@@ -165,18 +146,6 @@ class CostModel:
         self.rounds += 1
         self._coefficients = None
 
-    def observe_draft_prefill(self, emitted: int, seconds: float) -> None:
-        """A drafting round (not a probe) that emitted ``emitted`` tokens and in which the draft spent
-        ``seconds`` prefilling requests new to it."""
-        if emitted > 0 and seconds >= 0:
-            self._draft_prefill[0] = self.PREFILL_DECAY * self._draft_prefill[0] + seconds
-            self._draft_prefill[1] = self.PREFILL_DECAY * self._draft_prefill[1] + emitted
-
-    def draft_prefill_per_token(self) -> float:
-        """Seconds of draft prefill a drafting round pays per token it emits (0 until measured)."""
-        seconds, tokens = self._draft_prefill
-        return seconds / tokens if tokens > 0 else 0.0
-
     def _solve(self) -> list[float]:
         if self._coefficients is None:
             import numpy
@@ -186,30 +155,26 @@ class CostModel:
             self._coefficients = numpy.linalg.lstsq(gram, moment, rcond=None)[0].tolist()
         return self._coefficients
 
-    def round_seconds(self, k: int, num_seqs: int, emitted: float | None = None) -> float:
-        """Predicted wall time of a round emitting ``emitted`` tokens (default: one a row), the draft's
-        prefills included when it drafts; never below a plain round, never cheaper for a larger k."""
+    def round_seconds(self, k: int, num_seqs: int) -> float:
+        """Predicted wall time of a round; never below a plain round, never cheaper for a larger k."""
         a, b, once, c, d = self._solve()
         plain = max(a + b * num_seqs, 1e-4)
         if k <= 0:
             return plain
         per_draft = max(c + d * num_seqs, 1e-6)  # drafting more never makes a round cheaper
-        prefills = (num_seqs if emitted is None else emitted) * self.draft_prefill_per_token()
         # ``once`` may fit negative (costs seen at few k, convex in k): bounded by the plain round, not clamped
         # alone, which would price the small k it was fitted on wrongly
-        return max(plain + once + k * per_draft, plain + 1e-6) + prefills
+        return max(plain + once + k * per_draft, plain + 1e-6)
 
-    def round_cost(self, k: int, num_seqs: int, emitted: float | None = None) -> float:
-        """A round drafting k tokens per row (emitting ``emitted``), in plain-round units at this batch
-        (1.0 at k = 0)."""
-        return self.round_seconds(k, num_seqs, emitted) / self.round_seconds(0, num_seqs)
+    def round_cost(self, k: int, num_seqs: int) -> float:
+        """A round drafting k tokens per row, in plain-round units at this batch (1.0 at k = 0)."""
+        return self.round_seconds(k, num_seqs) / self.round_seconds(0, num_seqs)
 
     def speedup(self, alpha: float, k: int, num_seqs: int) -> float:
         """Leviathan's ``E(α, k)`` over the round's measured cost; 1.0 at k = 0."""
         if k == 0:
             return 1.0
-        emitted = expected_tokens(alpha, k)
-        return emitted / self.round_cost(k, num_seqs, emitted * num_seqs)
+        return expected_tokens(alpha, k) / self.round_cost(k, num_seqs)
 
 
 class PressureGate:
@@ -267,7 +232,7 @@ class SpeculationPolicy:
         best_k, best_value = 0, float(num_seqs)
         for k in range(1, max(k_limits, default=0) + 1):
             emitted = others + sum(expected_tokens(alpha, min(k, limit)) for alpha, limit in zip(alphas, k_limits))
-            value = emitted / self.costs.round_cost(k, num_seqs, emitted)
+            value = emitted / self.costs.round_cost(k, num_seqs)
             if value > best_value:
                 best_k, best_value = k, value
         gain = best_value / num_seqs
@@ -369,8 +334,7 @@ class SpeculationPolicy:
                      "round_seconds": {k: round(self.costs.round_seconds(k, num_seqs), 5)
                                        for k in range(self.config.k_max + 1)},
                      "round_cost": {k: round(self.costs.round_cost(k, num_seqs), 3)
-                                    for k in range(self.config.k_max + 1)},
-                     "draft_prefill_ms_per_token": round(1e3 * self.costs.draft_prefill_per_token(), 4)},
+                                    for k in range(self.config.k_max + 1)}},
             "speculation_on": self.gate.speculation_on,
         }
 
