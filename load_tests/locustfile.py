@@ -5,13 +5,17 @@
 
 Each user is closed-loop (a new request as soon as the last one ends), so users = concurrency. Prompts are
 the held-out prompts of ``bench/prompts/heldout.jsonl`` (never seen in training), tagged with their workload
-(``metadata.workload``) so the server tracks acceptance per workload. Besides the HTTP request entry
-(``response_length`` = output tokens), each request reports, as their own entries per workload:
-``ttft [w]`` (time to the first token, ms), ``itl [w]`` (one entry per gap between chunks, ms) and
-``output_tokens_per_s [w]`` (the value is reported as the entry's "response time").
+(``metadata.workload``) so the server tracks acceptance per workload. Each user takes its workload's prompts
+in a fixed order (user i of a run starts at prompt i and goes round the pool), so two runs with the same
+users send the same requests: a sweep compares policies on the same prompts, not on two random draws of a
+pool whose prompts draft very differently. Besides the HTTP request entry (``response_length`` = output
+tokens), each request reports, as their own entries per workload: ``ttft [w]`` (time to the first token,
+ms), ``itl [w]`` (one entry per gap between chunks, ms) and ``output_tokens_per_s [w]`` (the value is
+reported as the entry's "response time").
 
 Settings (environment): RAYSD_MODEL (default raysd-demo), RAYSD_MAX_TOKENS (64), RAYSD_PROMPTS (a JSONL
-path), RAYSD_REQUEST_TIMEOUT (seconds without a byte before a request counts as hung, default 120),
+path), RAYSD_PROMPT_ORDER (``cycle``, the default, or ``random``: draw each prompt at random),
+RAYSD_REQUEST_TIMEOUT (seconds without a byte before a request counts as hung, default 120),
 RAYSD_LOCUST_DUMP (write raw per-chunk timings, token counts, speculation stats and failure reasons to this
 JSON file when the run stops — the sweep and chaos scripts read it), RAYSD_RECORD_OUTPUTS=1 (ask for
 ``return_token_ids``, a vLLM/raysd extension, and keep each completed request's prompt and token ids).
@@ -21,6 +25,7 @@ Run Locust as its own process: importing it into a process that already imported
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -36,9 +41,13 @@ PROMPTS_PATH = Path(os.environ.get("RAYSD_PROMPTS", DEFAULT_PROMPTS))
 DUMP_PATH = os.environ.get("RAYSD_LOCUST_DUMP")
 REQUEST_TIMEOUT_S = float(os.environ.get("RAYSD_REQUEST_TIMEOUT", "120"))
 RECORD_OUTPUTS = os.environ.get("RAYSD_RECORD_OUTPUTS") == "1"
+PROMPT_ORDER = os.environ.get("RAYSD_PROMPT_ORDER", "cycle")
+if PROMPT_ORDER not in ("cycle", "random"):
+    raise SystemExit(f"RAYSD_PROMPT_ORDER must be 'cycle' or 'random' (got {PROMPT_ORDER!r})")
 _records = [json.loads(line) for line in PROMPTS_PATH.read_text().splitlines() if line.strip()]
 PROMPTS = {w: [r["prompt"] for r in _records if r.get("workload") == w] for w in ("code", "json", "prose")}
 RAW: dict[str, dict] = {}  # workload → raw figures for RAYSD_LOCUST_DUMP
+_USER_NUMBERS: dict[str, itertools.count] = {}  # workload → numbers handed to its users, in start order
 
 
 def _raw(workload: str) -> dict:
@@ -59,13 +68,25 @@ class _StreamingUser(HttpUser):
     wait_time = constant(0)
     workload = "default"
 
+    def on_start(self) -> None:
+        self._next_prompt = next(_USER_NUMBERS.setdefault(self.workload, itertools.count()))
+
+    def _prompt(self) -> str:
+        """The user's next prompt: round its workload's pool from its own start (or at random)."""
+        pool = PROMPTS[self.workload]
+        if PROMPT_ORDER == "random":
+            return random.choice(pool)
+        prompt = pool[self._next_prompt % len(pool)]
+        self._next_prompt += 1
+        return prompt
+
     def _report(self, name: str, value_ms: float, length: int = 0) -> None:
         events.request.fire(request_type="STREAM", name=f"{name} [{self.workload}]", response_time=value_ms,
                             response_length=length, exception=None, context={})
 
     @task
     def stream_completion(self) -> None:
-        payload = {"model": MODEL, "prompt": random.choice(PROMPTS[self.workload]), "max_tokens": MAX_TOKENS,
+        payload = {"model": MODEL, "prompt": self._prompt(), "max_tokens": MAX_TOKENS,
                    "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
                    "metadata": {"workload": self.workload}}
         if RECORD_OUTPUTS:

@@ -234,6 +234,89 @@ def markdown_summary(rows: list[dict], figures: dict) -> str:
     return "\n".join(lines)
 
 
+
+def _measure(url: str, policy: str, workload: str, users: int, args, duration: float, workdir: Path,
+             pass_index: int, progress) -> dict:
+    """One load point's window: a row of ``sweep_passes.csv``; the first pass at c = 1 also keeps its gaps."""
+    progress.set_postfix_str(f"{policy} {workload} c={users} (pass {pass_index + 1})")
+    raw = run_locust(url, workload, users, duration, args.max_tokens, workdir)
+    if users == 1 and pass_index == 0:
+        gaps = args.out / f"gaps-{policy}-{workload}.json"
+        gaps.write_text(json.dumps({k: raw.get(k, []) for k in ("gaps_s", "tokens_per_chunk")}))
+    progress.update()
+    return {**summarise(policy, workload, users, raw), "pass": pass_index + 1}
+
+
+def set_policy(url: str, policy: str, k: int) -> None:
+    """Switch a running server's speculation policy (``PUT /v1/admin/policy``)."""
+    response = requests.put(f"{url}/v1/admin/policy", json={**POLICIES[policy], "k": k}, timeout=60)
+    if response.status_code != 200:
+        raise RuntimeError(f"switching the policy to {policy} failed: {response.status_code} {response.text}")
+
+
+def sweep_interleaved(args, workloads, policies, levels, duration, workdir, progress) -> tuple[list, dict]:
+    """One server for the whole sweep; at each load point the policies take turns in windows of
+    ``duration`` (switched through ``PUT /v1/admin/policy``), ``--passes`` windows each, the order
+    reversed every other turn. Each policy keeps its own state across its windows (the engine holds one
+    policy object per config), so adaptive learns only from its own rounds."""
+    rows, fingerprints = [], {}
+    server = Server("adaptive", args.k, workdir)
+    try:
+        for block, workload in enumerate(workloads if levels else [None]):
+            if workload is not None:
+                for policy in policies:  # warm-up, not measured
+                    progress.set_postfix_str(f"warm-up ({policy}, {workload})")
+                    set_policy(server.url, policy, args.k)
+                    run_locust(server.url, workload, 4, 2 if args.quick else 8, args.max_tokens, workdir)
+            if block == 0:
+                for policy in policies:
+                    progress.set_postfix_str(f"fingerprint ({policy})")
+                    set_policy(server.url, policy, args.k)
+                    fingerprints[policy] = fingerprint_policy(server.url, policy, workloads, _streams(args),
+                                                              args.max_tokens, args.out)
+            for turn, users in enumerate(levels):
+                for pass_index in range(args.passes):
+                    order = policies if (block + turn + pass_index) % 2 == 0 else policies[::-1]
+                    for policy in order:
+                        set_policy(server.url, policy, args.k)
+                        rows.append(_measure(server.url, policy, workload, users, args, duration, workdir,
+                                             pass_index, progress))
+    finally:
+        server.stop()
+    return rows, fingerprints
+
+
+def sweep_per_policy(args, workloads, policies, levels, duration, workdir, progress) -> tuple[list, dict]:
+    """A fresh server per (pass, workload, policy), policies in alternating order per workload; a policy's
+    first server is also fingerprinted."""
+    rows, fingerprints = [], {}
+    blocks = [(index, workload) for index in range(args.passes) for workload in (workloads if levels else [None])]
+    schedule = [(index, workload, policy) for turn, (index, workload) in enumerate(blocks)
+                for policy in (policies if turn % 2 == 0 else policies[::-1])]
+    for pass_index, workload, policy in schedule:
+        progress.set_postfix_str(f"starting server ({policy}, {workload or 'fingerprints'}, pass {pass_index + 1})")
+        server = Server(policy, args.k, workdir)
+        try:
+            if workload is not None:
+                # warm-up, not measured: the first seconds of a new server run slow for every policy (run 7:
+                # 55-74 tok/s at code c=1 in the first pass, 68-97 in the second)
+                run_locust(server.url, workload, 4, 2 if args.quick else 8, args.max_tokens, workdir)
+            for users in levels:
+                rows.append(_measure(server.url, policy, workload, users, args, duration, workdir, pass_index,
+                                     progress))
+            if policy not in fingerprints:
+                progress.set_postfix_str(f"fingerprint ({policy})")
+                fingerprints[policy] = fingerprint_policy(server.url, policy, workloads, _streams(args),
+                                                          args.max_tokens, args.out)
+        finally:
+            server.stop()
+    return rows, fingerprints
+
+
+def _streams(args) -> int:
+    return args.fingerprint_streams or (3 if args.quick else 5)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="json only, concurrency 1 and 4, 5 s per point")
@@ -248,7 +331,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="streams per workload and policy (default 5; quick 3)")
     parser.add_argument("--fingerprint-only", action="store_true", help="skip the load points")
     parser.add_argument("--passes", type=int, default=1,
-                        help="run the policies this many times, alternating order (2 = ABBA), and merge")
+                        help="windows per policy and point (interleaved), or runs of the whole schedule "
+                             "(per-policy); alternating order (2 = ABBA); merged per point")
+    parser.add_argument("--layout", choices=("interleaved", "per-policy"), default="interleaved",
+                        help="interleaved (default): one server, the policies take turns at each point; "
+                             "per-policy: a fresh server per policy (instance-to-instance speed differs by up "
+                             "to 30%% on this machine)")
     args = parser.parse_args(argv)
     duration = args.duration or (5.0 if args.quick else 20.0)
     levels = [int(c) for c in (args.concurrency or ("1,4" if args.quick else "1,2,4,8,16,32,64")).split(",")]
@@ -267,36 +355,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.fingerprint_only:
         levels = []
-    rows, fingerprints = [], {}
-    blocks = [(index, workload) for index in range(args.passes) for workload in (workloads if levels else [None])]
-    schedule = [(index, workload, policy) for turn, (index, workload) in enumerate(blocks)
-                for policy in (policies if turn % 2 == 0 else policies[::-1])]
     progress = tqdm(total=args.passes * len(policies) * len(workloads) * len(levels), desc="sweep", unit="point")
     with tempfile.TemporaryDirectory() as scratch:
-        workdir = Path(scratch)
-        for pass_index, workload, policy in schedule:
-            progress.set_postfix_str(f"starting server ({policy}, {workload or 'fingerprints'}, pass {pass_index + 1})")
-            server = Server(policy, args.k, workdir)
-            try:
-                if workload is not None:
-                    # warm-up, not measured: the first seconds of a new server run slow for every policy (run 7:
-                    # 55-74 tok/s at code c=1 in the first pass, 68-97 in the second)
-                    run_locust(server.url, workload, 4, 2 if args.quick else 8, args.max_tokens, workdir)
-                for users in levels:
-                    progress.set_postfix_str(f"{policy} {workload} c={users} (pass {pass_index + 1})")
-                    raw = run_locust(server.url, workload, users, duration, args.max_tokens, workdir)
-                    rows.append({**summarise(policy, workload, users, raw), "pass": pass_index + 1})
-                    if users == 1 and pass_index == 0:
-                        gaps = args.out / f"gaps-{policy}-{workload}.json"
-                        gaps.write_text(json.dumps({k: raw.get(k, []) for k in ("gaps_s", "tokens_per_chunk")}))
-                    progress.update()
-                if policy not in fingerprints:
-                    progress.set_postfix_str(f"fingerprint ({policy})")
-                    streams = args.fingerprint_streams or (3 if args.quick else 5)
-                    fingerprints[policy] = fingerprint_policy(server.url, policy, workloads, streams,
-                                                              args.max_tokens, args.out)
-            finally:
-                server.stop()
+        run = sweep_interleaved if args.layout == "interleaved" else sweep_per_policy
+        rows, fingerprints = run(args, workloads, policies, levels, duration, Path(scratch), progress)
     progress.close()
     (args.out / "fingerprints.json").write_text(json.dumps(fingerprints, indent=2))
     for policy, verdicts in fingerprints.items():

@@ -68,6 +68,8 @@ class SpecEngine:
         self.drafter = drafter
         self.eos_token_id = eos_token_id
         self.policy = SpeculationPolicy(policy_config)
+        self._policies = {policy_config.model_dump_json(): self.policy}  # every policy used, by its config
+        self.k_capacity = max(policy_config.k_max, policy_config.k)  # caches were sized for this many drafts
         self._drafting_available = drafting_available or (lambda: self.drafter is not None)
         self.pressure_source = pressure_source or (lambda: float(len(self.running) + len(self.waiting)))
         self.waiting: deque[Sequence] = deque()
@@ -101,6 +103,21 @@ class SpecEngine:
                 self._retire([sequence])
                 return True
         return False
+
+    def use_policy(self, config: PolicyConfig) -> SpeculationPolicy:
+        """Decide later rounds with ``config`` (from the next ``plan``); returns the policy now in use.
+
+        Each distinct config keeps its own state (acceptance per segment, cost fit, pressure gate): switching
+        back resumes what that policy had learned, and no policy learns from rounds another one chose. Output
+        does not change with the policy (every k is lossless). Raises ``ValueError`` for a k the caches were
+        not sized for (``k_capacity``, set by the config the engine started with)."""
+        needed = max(config.k, config.k_max if config.mode == SpeculationMode.adaptive else 0)
+        if needed > self.k_capacity:
+            raise ValueError(f"k = {needed} exceeds the {self.k_capacity} drafts per round the caches were sized "
+                             f"for at startup; choose k ≤ {self.k_capacity} (or restart with a larger k_max)")
+        key = config.model_dump_json()
+        self.policy = self._policies.setdefault(key, SpeculationPolicy(config))
+        return self.policy
 
     @property
     def has_work(self) -> bool:

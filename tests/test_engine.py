@@ -84,6 +84,35 @@ def test_opt_out_and_speculation_off_draft_nothing(tiny_pair, references):
     assert opted_out.output_token_ids == refs[0][0] and speculating.output_token_ids == refs[1][0]
 
 
+def test_switching_policy_mid_run_stays_lossless_and_each_policy_keeps_its_own_state(tiny_pair, references):
+    """The operator's switch (``PUT /v1/admin/policy``) in-process: policies change at round boundaries with
+    sequences in flight, output stays the target's own, and switching back resumes the adaptive policy's
+    state, which learned nothing from the rounds the fixed policy chose."""
+    prompts, refs = references
+    adaptive = PolicyConfig(mode=SpeculationMode.adaptive, k=3, k_max=6, warmup_rounds=2)
+    engine = _engine(tiny_pair, "model", adaptive, max_num_seqs=8)
+    first = engine.policy
+    sequences = [engine.add(p, SamplingParams(max_tokens=MAX_TOKENS)) for p in prompts[:8]]
+    for _ in range(3):
+        engine.step()
+    rounds_before = first.costs.rounds
+    fixed = engine.use_policy(PolicyConfig(mode=SpeculationMode.on, k=2, k_max=6))
+    for _ in range(3):
+        engine.step()
+        assert set(engine.last_round.ks) <= {0, 2} and engine.last_round.reasons.count("fixed") >= 1
+    assert fixed is not first and first.costs.rounds == rounds_before and fixed.costs.rounds == 3
+    engine.use_policy(PolicyConfig(mode=SpeculationMode.off, k_max=6))
+    engine.step()
+    assert engine.last_round.drafted == [0] * len(engine.last_round.drafted)
+    assert engine.use_policy(adaptive) is first  # the same state, resumed
+    engine.run_to_completion()
+    assert first.costs.rounds > rounds_before
+    for index, (sequence, (expected, logits)) in enumerate(zip(sequences, refs)):
+        assert_greedy_equal_or_tie(sequence.output_token_ids, expected, logits, f"switched prompt {index}")
+    with pytest.raises(ValueError, match="k ≤ 6"):  # caches were sized for k_max = 6 at startup
+        engine.use_policy(PolicyConfig(mode=SpeculationMode.on, k=7, k_max=8))
+
+
 def test_context_limit_is_a_clear_error(tiny_pair):
     engine = _engine(tiny_pair, "model", PolicyConfig(), max_num_seqs=2)
     with pytest.raises(ContextLengthError, match="max_model_len"):

@@ -167,6 +167,45 @@ def test_cluster_pressure_turns_speculation_off_and_back_on(server):
     assert health["policy"]["segments"], "the policy's per-segment acceptance is visible on /health"
 
 
+def test_admin_policy_switch_reaches_every_round_and_output_stays_identical(server, references):
+    """``PUT /v1/admin/policy`` switches the running cluster's speculation without a restart; each mode drafts
+    as it says, greedy output is the target's own in every one, and bad changes get OpenAI errors."""
+    url = f"{server}/v1/admin/policy"
+    configured = requests.get(url, timeout=30).json()
+    assert configured["policy"]["mode"] == "adaptive"
+    prompt, expected = PROMPTS[1], references[PROMPTS[1]]
+    try:
+        for change, drafts in (({"mode": "off"}, False), ({"mode": "on", "k": 2}, True)):
+            response = requests.put(url, json=change, timeout=30)
+            assert response.status_code == 200, response.text
+            assert response.json()["policy"]["mode"] == change["mode"] and response.json()["version"] >= 1
+            body = _complete(server, prompt=prompt).json()
+            assert body["choices"][0]["token_ids"] == expected, change
+            assert (body["speculation"]["num_draft_tokens"] > 0) == drafts, body["speculation"]
+            if drafts:  # k = 2: a round emits at most 3 tokens
+                assert body["speculation"]["num_rounds"] >= 40 / 3
+        assert requests.get(url, timeout=30).json()["policy"]["k"] == 2
+        for bad, param in (({"mode": "sideways"}, "mode"), ({"k": 99}, "k"), ({"pressure_low": 100}, None),
+                           ({"surprise": 1}, "surprise")):
+            response = requests.put(url, json=bad, timeout=30)
+            assert response.status_code == 400, (bad, response.text)
+            error = response.json()["error"]
+            assert set(error) == {"message", "type", "param", "code"} and error["param"] == param, error
+        assert requests.put(url, data=b"not json", timeout=30).json()["error"]["code"] == "invalid_json"
+        assert requests.get(url, timeout=30).json()["policy"]["k"] == 2  # refused changes changed nothing
+        # a change made through another router reaches this one with the cluster view (every 0.2 s)
+        from ray import serve
+
+        monitor = serve.get_deployment_handle("ClusterMonitor", app_name="raysd")
+        version = monitor.set_policy.remote({**configured["policy"], "mode": "off"}).result()
+        time.sleep(1.0)
+        state = requests.get(url, timeout=30).json()
+        assert state["version"] == version and state["policy"]["mode"] == "off"
+    finally:
+        restored = requests.put(url, json={}, timeout=30)  # every field back to its configured value
+    assert restored.status_code == 200 and restored.json()["policy"] == configured["policy"]
+
+
 def test_killed_draft_replica_mid_stream_keeps_output_identical(server, references):
     import ray
 

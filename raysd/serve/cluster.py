@@ -7,6 +7,9 @@ the tokens each target step must serve at k = 0, independent of the policy's own
 Worker replicas (draft and target) heartbeat from their health checks with the handles of the actors
 that hold their models; a worker that stops heartbeating drops out after ``stale_after_s``. A restarted
 replica registers under a new id, so routers never mistake it for the one that died.
+
+An operator's policy change (``PUT /v1/admin/policy`` on any router) is kept here with a version number and
+travels in the view, so every router switches within one report interval, not only the one that was asked.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ class ClusterView:
     workers: dict[str, WorkerInfo]
     sources: dict[str, float]  # router id → its reported pressure
     departed: list[str] = field(default_factory=list)  # routers gone silent: their sequences are orphans
+    policy: dict | None = None  # the operator's policy (PolicyConfig fields) when one was set, else None
+    policy_version: int = 0  # bumped by each change, so a router applies each change once
 
 
 DEPARTED_MEMORY_S = 600.0  # how long a silent router's id is announced (its orphans get freed meanwhile)
@@ -56,6 +61,8 @@ class ClusterMonitor:
         self.reports: dict[str, tuple[float, float]] = {}  # source → (pressure, when)
         self.workers: dict[str, WorkerInfo] = {}
         self.departed: dict[str, float] = {}  # source that went silent → when it was noticed
+        self.policy: dict | None = None
+        self.policy_version = 0
 
     def _prune(self, now: float) -> None:
         for source, (_, when) in self.reports.items():
@@ -75,7 +82,15 @@ class ClusterMonitor:
     def view(self) -> ClusterView:
         self._prune(time.monotonic())
         sources = {k: value for k, (value, _) in self.reports.items()}
-        return ClusterView(sum(sources.values()), dict(self.workers), sources, sorted(self.departed))
+        return ClusterView(sum(sources.values()), dict(self.workers), sources, sorted(self.departed), self.policy,
+                           self.policy_version)
+
+    def set_policy(self, policy: dict) -> int:
+        """Make ``policy`` (PolicyConfig fields, validated by the router that was asked) every router's
+        policy; returns its version."""
+        self.policy = dict(policy)
+        self.policy_version += 1
+        return self.policy_version
 
     def total(self) -> float:
         return self.view().pressure

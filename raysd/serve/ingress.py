@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP API (FastAPI on the Serve proxy) in front of the round loop.
 
-Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics.
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics, and
+GET/PUT /v1/admin/policy (the speculation policy of the whole cluster, switched without a restart).
 Every refusal is an OpenAI error object ``{"error": {"message", "type", "param", "code"}}`` with a 4xx
 status (503 for a retryable server-side failure).
 """
@@ -32,7 +33,7 @@ from raysd.api import (
     new_id,
     render_chat,
 )
-from raysd.config import SamplingParams, SpeculationMode
+from raysd.config import PolicyConfig, SamplingParams, SpeculationMode
 from raysd.models import load_tokenizer
 from raysd.sequence import process_tag
 from raysd.serve.config import RouterConfig
@@ -165,6 +166,18 @@ class Router:
                            type_="authentication_error", code="invalid_api_key")
 
     async def _parse(self, request: Request, schema):
+        payload = await self._json_body(request)
+        try:
+            parsed = schema.model_validate(payload)
+        except ValidationError as error:
+            raise _validation_error(error) from None
+        if parsed.model != self.config.model_alias:
+            raise APIError(404, f"model {parsed.model!r} does not exist; available: {self.config.model_alias!r}",
+                           param="model", code="model_not_found")
+        return parsed
+
+    async def _json_body(self, request: Request) -> dict:
+        """The authorized request's body as a JSON object (401 / 413 / 400 otherwise)."""
         self._authorize(request)
         body = await request.body()
         if len(body) > self.config.max_body_bytes:
@@ -176,14 +189,7 @@ class Router:
             raise APIError(400, f"request body is not valid JSON: {error}", code="invalid_json") from None
         if not isinstance(payload, dict):
             raise APIError(400, "request body must be a JSON object", code="invalid_json")
-        try:
-            parsed = schema.model_validate(payload)
-        except ValidationError as error:
-            raise _validation_error(error) from None
-        if parsed.model != self.config.model_alias:
-            raise APIError(404, f"model {parsed.model!r} does not exist; available: {self.config.model_alias!r}",
-                           param="model", code="model_not_found")
-        return parsed
+        return payload
 
     def _sampling(self, parsed, prompt_len: int, max_tokens: int | None, route: str,
                   workload_header: str | None = None) -> tuple[SamplingParams, str]:
@@ -363,6 +369,46 @@ class Router:
             return error.response()
         return {"object": "list", "data": [{"id": self.config.model_alias, "object": "model", "owned_by": "raysd",
                                             "max_model_len": self.config.engine.max_model_len}]}
+
+    @api.get("/v1/admin/policy")
+    async def get_policy(self, request: Request):
+        try:
+            self._authorize(request)
+        except APIError as error:
+            return error.response()
+        return self._policy_state()
+
+    @api.put("/v1/admin/policy")
+    async def put_policy(self, request: Request):
+        """Switch the cluster's speculation policy: a JSON object of PolicyConfig fields (e.g. ``{"mode": "off"}``,
+        ``{"mode": "on", "k": 2}``); fields left out take their configured values, not the previous change's.
+        This router switches at its next round, the others at their next cluster report (~0.2 s)."""
+        try:
+            changes = await self._json_body(request)
+            try:
+                policy = PolicyConfig.model_validate({**self.config.policy.model_dump(), **changes})
+            except ValidationError as error:
+                raise _validation_error(error) from None
+            try:
+                self.loop.engine.use_policy(policy)
+            except ValueError as error:
+                raise APIError(400, str(error), param="k", code="invalid_value") from None
+            version = self.loop.policy_version + 1
+            if self.monitor is not None:
+                try:
+                    version = await self.monitor.set_policy.remote(policy.model_dump(mode="json"))
+                except Exception as error:  # monitor restarting
+                    self.loop.use_policy(policy, self.loop.policy_version)
+                    raise APIError(503, f"the cluster monitor is unavailable ({type(error).__name__}): the policy "
+                                        "applies to this router only for now; retry to reach every router",
+                                   type_="server_error", code="monitor_unavailable") from None
+            self.loop.use_policy(policy, version)
+        except APIError as error:
+            return error.response()
+        return self._policy_state()
+
+    def _policy_state(self) -> dict:
+        return {"policy": self.loop.engine.policy.config.model_dump(mode="json"), "version": self.loop.policy_version}
 
     @api.get("/health")
     async def health(self):

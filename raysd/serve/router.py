@@ -21,7 +21,7 @@ from typing import Any
 
 from ray.exceptions import RayActorError
 
-from raysd.config import SamplingParams
+from raysd.config import PolicyConfig, SamplingParams
 from raysd.drafting import DraftProposal, empty_proposal, merge_proposals, select_rows
 from raysd.engine import RoundPlan, SpecEngine
 from raysd.sequence import Sequence
@@ -71,6 +71,7 @@ class RoundLoop:
         self.draft_down_until = 0.0
         self.targets_missing_since: float | None = None
         self.pending_release: list[str] = []
+        self.policy_version = 0  # the cluster's policy change last applied (0: the configured policy)
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.round_tracer = RoundTracer()
@@ -106,10 +107,22 @@ class RoundLoop:
         sequences pinned to them unless a call fails: see ``WorkerPool``)."""
         self.targets.update(view.workers)
         self.drafts.update(view.workers)
+        if view.policy is not None and view.policy_version != self.policy_version:
+            try:
+                self.use_policy(PolicyConfig.model_validate(view.policy), view.policy_version)
+            except ValueError as error:  # sized smaller than the router that accepted it: keep ours
+                logger.error("cluster policy version %d not applied here: %s", view.policy_version, error)
+                self.policy_version = view.policy_version
         self.orphan_origins = [source.removeprefix("router-") for source in view.departed
                                if source.startswith("router-")]
         if self.targets.available:
             self._wakeup.set()
+
+    def use_policy(self, policy: PolicyConfig, version: int) -> None:
+        """Decide rounds from the next one on with ``policy`` (the cluster's version ``version`` of it)."""
+        self.engine.use_policy(policy)
+        self.policy_version = version
+        logger.info("policy %s (version %d)", policy.model_dump_json(), version)
 
     @property
     def drafting_available(self) -> bool:
