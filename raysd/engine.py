@@ -205,6 +205,7 @@ class SpecEngine:
             pressure=decision.pressure, speculation_on=decision.speculation_on,
             verify_tokens=result.batch_tokens)
         self.aggregator.add(self.last_round)
+        self.policy.observe_goodput(decision.reasons, drafted, sum(emitted_counts), now - plan.started)
         return outputs, finished
 
     @property

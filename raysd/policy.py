@@ -12,13 +12,19 @@ The decision is per round, not per sequence: a verify is as wide as its longest 
 makes the whole batch pay for k. The round's k maximises the batch's expected tokens (each row with its own
 segment's α) per unit of cost; every row that may speculate gets it.
 
+A goodput check (``GoodputCheck``) then holds back speculation the model wants where rounds that drafted have
+measurably delivered fewer tokens per second than plain rounds at this batch size, prefills included.
+
 Every decision carries a reason: ``opt_out``, ``fixed``, ``warmup``, ``pressure``, ``low_acceptance``
-(k = 0: nothing pays), ``probe`` (a short draft for one row, to re-measure a segment held at k = 0) or ``adaptive``
-(k ≥ 1 chosen by the model).
+(k = 0: nothing pays), ``measured_slower`` (k = 0: the model's choice, measured, lost to plain rounds),
+``measure_plain`` (k = 0 for a few rounds, to re-measure plain rounds while speculating),
+``probe`` (a short draft for one row, to re-measure a segment held at k = 0) or ``adaptive`` (k ≥ 1 chosen by
+the model).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from raysd.config import PolicyConfig, SpeculationMode
@@ -177,6 +183,93 @@ class CostModel:
         return expected_tokens(alpha, k) / self.round_cost(k, num_seqs)
 
 
+class GoodputCheck:
+    """Measured output of whole rounds, speculating vs plain, per batch-size bucket.
+
+    The cost model prices a round without its prefills and without the draft catching up, and as a function
+    linear in the batch; a steady state still pays those (every new request is prefilled by the target and,
+    when drafting, by the draft too) and at large batches the fit misses by up to 2× (prose at batch 16: a
+    k = 1 round fitted at 1.6 plain rounds took 1.9 once prefill was counted; prose at batch 32: a round that
+    starts drafting, the draft catching up on every row, took 4.4 plain rounds). This check looks at what
+    rounds really delivered: tokens emitted per plain-round time at the round's batch size (the fit's plain
+    round, ``plain_seconds``: so a bucket's batch sizes, which differ by up to 2×, compare as like for like),
+    prefill and catch-up included, kept as an EMA per arm ("speculating": rounds that drafted for the batch;
+    "plain": rounds that drafted nothing; probe rounds, one row drafting, are neither) in buckets of the batch
+    size centred on powers of two (12–22 rows is one, 23–45 the next: a served batch at 16 or 32 users dips a
+    few rows below while requests turn over, and must stay in one bucket). Speculation the model wants is
+    held back (reason ``measured_slower``) where both arms have recent evidence and speculating delivered
+    less. Each arm is re-measured from scratch after ``RETRY_ROUNDS`` rounds of the other in a bucket (the
+    text or the load may have changed): held back that long, the speculating evidence is dropped and the
+    model's choice runs again for the few rounds a measurement takes; speculating that long,
+    ``SAMPLE_ROUNDS`` plain rounds are run (reason ``measure_plain``). A round of the slower arm in every
+    ~60: ≤ 1–2% of throughput where the two differ by 50%.
+    """
+
+    DECAY = 0.9  # per round of the same arm and bucket: ~10 rounds of memory
+    MIN_WEIGHT = 4.0  # EMA-weighted rounds an arm needs before it is believed (5 rounds)
+    RETRY_ROUNDS = 300
+    SAMPLE_ROUNDS = 5
+
+    def __init__(self):
+        # (bucket, speculating) → EMA of [tokens emitted, tokens plain rounds would have emitted meanwhile, rounds]
+        self.arms: dict[tuple[int, bool], list[float]] = {}
+        self.held_back: dict[int, int] = {}  # bucket → rounds held back since its speculating arm was measured
+        self.speculated: dict[int, int] = {}  # bucket → speculating rounds since its plain arm was measured
+        self.sampling: dict[int, int] = {}  # bucket → plain rounds still to run for a fresh measurement
+
+    @staticmethod
+    def bucket(num_seqs: int) -> int:
+        """round(log2 n): 1 → 0, 2 → 1, 3–5 → 2, 6–11 → 3, 12–22 → 4, 23–45 → 5, 46–90 → 6."""
+        return round(math.log2(max(num_seqs, 1)))
+
+    def observe(self, num_seqs: int, speculating: bool, tokens: int, seconds: float, plain_seconds: float) -> None:
+        """A round of ``num_seqs`` rows emitted ``tokens`` in ``seconds``; a plain round at that batch is fitted
+        at ``plain_seconds``."""
+        if seconds <= 0 or num_seqs <= 0 or plain_seconds <= 0:
+            return
+        bucket = self.bucket(num_seqs)
+        plain_tokens = num_seqs * seconds / plain_seconds
+        arm = self.arms.setdefault((bucket, speculating), [0.0, 0.0, 0.0])
+        arm[:] = [self.DECAY * arm[0] + tokens, self.DECAY * arm[1] + plain_tokens, self.DECAY * arm[2] + 1.0]
+        if speculating:
+            self.held_back[bucket] = 0
+            self.speculated[bucket] = self.speculated.get(bucket, 0) + 1
+        else:
+            self.speculated[bucket] = 0
+
+    def rate(self, num_seqs: int, speculating: bool) -> float | None:
+        """That arm's tokens per plain-round token at this batch size (prefills make plain rounds < 1);
+        None without enough evidence."""
+        arm = self.arms.get((self.bucket(num_seqs), speculating))
+        if arm is None or arm[2] < self.MIN_WEIGHT or arm[1] <= 0:
+            return None
+        return arm[0] / arm[1]
+
+    def speculation_slower(self, num_seqs: int) -> bool:
+        """True: hold back the speculation the model wants this round (counted towards the retry)."""
+        speculating, plain = self.rate(num_seqs, True), self.rate(num_seqs, False)
+        if speculating is None or plain is None or speculating >= plain:
+            return False
+        bucket = self.bucket(num_seqs)
+        self.held_back[bucket] = self.held_back.get(bucket, 0) + 1
+        if self.held_back[bucket] >= self.RETRY_ROUNDS:  # stale: measure speculation afresh
+            del self.arms[(bucket, True)]
+            self.held_back[bucket] = 0
+        return True
+
+    def plain_sample_due(self, num_seqs: int) -> bool:
+        """True: run this round plain (the model wants to draft) to re-measure plain rounds here."""
+        bucket = self.bucket(num_seqs)
+        if self.speculated.get(bucket, 0) >= self.RETRY_ROUNDS:
+            self.arms.pop((bucket, False), None)
+            self.sampling[bucket] = self.SAMPLE_ROUNDS
+            self.speculated[bucket] = 0
+        if self.sampling.get(bucket, 0) > 0:
+            self.sampling[bucket] -= 1
+            return True
+        return False
+
+
 class PressureGate:
     """Speculation on/off from load, with hysteresis so it does not flap."""
 
@@ -211,6 +304,7 @@ class SpeculationPolicy:
         self.acceptance = AcceptanceTracker(config.ema_decay)
         self.costs = CostModel(config.cost_decay)
         self.gate = PressureGate(config.pressure_high, config.pressure_low)
+        self.goodput = GoodputCheck()
         self._rounds_without_drafts: dict[str, int] = {}
         self._speculating = False  # did the last round draft for the batch (not just a probe)?
         self._probes = 0
@@ -273,6 +367,10 @@ class SpeculationPolicy:
             k_round, gain = self.best_round_k([self.acceptance.alpha(segments[row]) for row in eligible], limits,
                                               num_seqs)
             reason = "adaptive" if k_round else "low_acceptance"
+            if k_round and self.goodput.speculation_slower(num_seqs):
+                k_round, reason = 0, "measured_slower"
+            elif k_round and self.goodput.plain_sample_due(num_seqs):
+                k_round, reason = 0, "measure_plain"
             warming = {segments[row] for row in eligible
                        if self.acceptance.rounds(segments[row]) < self.config.warmup_rounds}
             idle = {segments[row] for row in eligible
@@ -337,6 +435,13 @@ class SpeculationPolicy:
                                     for k in range(self.config.k_max + 1)}},
             "speculation_on": self.gate.speculation_on,
         }
+
+    def observe_goodput(self, reasons: list[str], drafted: list[int], tokens: int, seconds: float) -> None:
+        """A finished round's output (``tokens`` emitted in ``seconds`` of wall time, prefill included) for the
+        goodput check; probe rounds are left out (one row drafting says nothing about either arm)."""
+        if "probe" not in reasons:
+            num_seqs = len(drafted)
+            self.goodput.observe(num_seqs, any(drafted), tokens, seconds, self.costs.round_seconds(0, num_seqs))
 
     def observe_round(self, segments: list[str], drafted: list[int], accepted: list[int]) -> None:
         by_segment: dict[str, list[tuple[int, int]]] = {}

@@ -255,3 +255,62 @@ def test_probes_are_long_where_cheap_and_short_where_dear():
     large = {policy.probe_k(32) for _ in range(4)}
     assert max(small) == 4 and len(small) == 2
     assert large == {1, 2}
+
+
+def _run_world(policy: SpeculationPolicy, rounds: int, hidden_spec_seconds: float, rng: random.Random,
+               alpha: float = 0.6, num_seqs: int = 16) -> list[str]:
+    """Rounds whose cost the fit sees as ``_cheap_round_seconds`` while a drafting round really takes
+    ``hidden_spec_seconds`` more (prefills and catch-up the fit leaves out); returns row 0's reasons."""
+    reasons = []
+    for _ in range(rounds):
+        decision = policy.decide(["s"] * num_seqs, [False] * num_seqs, [16] * num_seqs, pressure=num_seqs)
+        accepted = []
+        for k in decision.ks:
+            n = 0
+            while n < k and rng.random() < alpha:
+                n += 1
+            accepted.append(n)
+        policy.observe_round(["s"] * num_seqs, decision.ks, accepted)
+        seen = _cheap_round_seconds(num_seqs, max(decision.ks))
+        policy.costs.observe_round(num_seqs, max(decision.ks), seen)
+        policy.observe_goodput(decision.reasons, decision.ks, sum(accepted) + num_seqs,
+                               seen + (hidden_spec_seconds if any(decision.ks) else 0.0))
+        reasons.append(decision.reasons[0])
+    return reasons
+
+
+def test_speculation_measured_slower_than_plain_rounds_is_held_back_and_retried_later():
+    """The model prices drafting cheap, but whole rounds say otherwise: the goodput check holds speculation
+    back at that batch size, keeps re-measuring now and then, and lets it back when it pays again."""
+    rng = random.Random(4)
+    policy = SpeculationPolicy(PolicyConfig(warmup_rounds=2))
+    for _ in range(6):  # plain rounds seen earlier (prefills, a low-acceptance stretch)
+        policy.observe_goodput(["low_acceptance"] * 16, [0] * 16, 16, _cheap_round_seconds(16, 0))
+    dear = _run_world(policy, 600, hidden_spec_seconds=0.08, rng=rng)
+    assert dear[:10].count("adaptive") + dear[:10].count("warmup") >= 4  # the model alone wants to draft
+    assert dear[-300:].count("measured_slower") > 250, dear[-300:]
+    assert 0 < dear[100:].count("adaptive") < 30  # re-measured now and then, not kept
+    assert policy.goodput.rate(16, True) < policy.goodput.rate(16, False)
+    assert policy.goodput.rate(4, True) is None  # another batch size has no evidence: the model decides there
+    cheap = _run_world(policy, 1500, hidden_spec_seconds=0.0, rng=rng)
+    assert cheap[-200:].count("adaptive") > 180, cheap[-200:]
+    # while speculating, plain rounds are re-measured now and then: a few in every few hundred
+    assert 5 <= cheap.count("measure_plain") <= 30, cheap.count("measure_plain")
+
+
+def test_goodput_check_leaves_probe_rounds_out_and_buckets_by_batch():
+    from raysd.policy import GoodputCheck
+
+    check = GoodputCheck()
+    # centred on powers of two: a batch that dips a few rows below 16 or 32 stays in its bucket
+    assert [check.bucket(n) for n in (1, 2, 3, 6, 12, 16, 22, 23, 32, 45, 64)] == [0, 1, 2, 3, 4, 4, 4, 5, 5, 5, 6]
+    policy = SpeculationPolicy(PolicyConfig())
+    for _ in range(10):
+        policy.observe_goodput(["probe"] + ["low_acceptance"] * 7, [2] + [0] * 7, 9, 0.05)
+    assert policy.goodput.arms == {}  # a probe round is neither arm
+    for _ in range(10):
+        policy.observe_goodput(["adaptive"] * 8, [3] * 8, 20, 0.05)
+    plain_tokens = 8 * 0.05 / policy.costs.round_seconds(0, 8)  # what plain rounds emit in 0.05 s at batch 8
+    assert policy.goodput.rate(8, True) == pytest.approx(20 / plain_tokens)
+    assert policy.goodput.rate(8, False) is None
+    assert not policy.goodput.speculation_slower(8)  # one arm alone proves nothing
