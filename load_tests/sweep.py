@@ -1,28 +1,30 @@
 """Concurrency sweep: speculation off / always on (fixed k) / adaptive, per workload, with Locust.
 
-For each workload, each policy in turn gets a fresh ``raysd serve`` (its own local Ray), warmed up, then
-driven at each concurrency with a headless Locust run (closed loop: users = concurrency) for a bounded time,
-reading Locust's raw per-chunk timings. It writes ``sweep.csv`` and PNG plots into ``--out`` and prints
-the ratios the claims rest on:
+One ``raysd serve`` (its own local Ray) serves the whole sweep. At each workload and concurrency the
+policies take turns (switched through ``PUT /v1/admin/policy``, each keeping its own state), each driven by
+a headless Locust run (closed loop: users = concurrency) for a bounded window, reading Locust's raw
+per-chunk timings. It writes ``sweep.csv`` and PNG plots into ``--out`` and prints the ratios the claims
+rest on:
 
 - adaptive / max(off, on) at each concurrency (goal ≥ 0.95 everywhere);
 - on / off at the top concurrency (speculation at high load loses: < 1);
 - TTFT spec / off (speculation does nothing for prefill: ≈ 1.00).
 
-    python load_tests/sweep.py                      # full sweep (~30 min on 2 cores) → bench/results/sweep/
-    python load_tests/sweep.py --quick --out /tmp/s # smoke run: json only, concurrency 1 and 4, 5 s each
-    python load_tests/sweep.py --fingerprint-only   # only the outside observer's verdicts, per policy
-    python load_tests/sweep.py --passes 2           # the schedule twice, orders reversed, points merged
+    python load_tests/sweep.py --passes 2 --duration 12   # the recorded sweep (~32 min on 2 cores)
+    python load_tests/sweep.py --quick --out /tmp/s       # smoke run: json only, concurrency 1 and 4, 5 s each
+    python load_tests/sweep.py --fingerprint-only         # only the outside observer's verdicts, per policy
+    python load_tests/sweep.py --layout per-policy        # a fresh server per policy (the old layout)
 
-Servers run one at a time, so a policy's points are measured at a different time from another's. This machine
-drifts (the same server and point read 473 and 509 tok/s five minutes apart), which biases whichever policy
-runs last. Two defences: the policies take turns per workload (a workload's three policies are measured within
-~5 minutes, not ~25), in alternating order (off, on, adaptive, then adaptive, on, off, ...); and ``--passes 2``
-runs the whole schedule twice, merging each point over both passes (tokens / seconds summed), which cancels a
-linear drift. Per-pass rows go to ``sweep_passes.csv``.
+Why one server: this machine drifts (the same server and point read 473 and 509 tok/s five minutes apart),
+and two fresh servers of the same policy differ by up to 30%; a ratio of two servers measures the servers.
+Interleaved, the windows a ratio compares lie seconds apart on the same processes. ``--passes 2`` gives each
+policy two windows per point in ABBA order (off, on, adaptive, adaptive, on, off; the order alternating per
+point), merged per point (tokens / seconds summed), which cancels a linear drift. Per-pass rows go to
+``sweep_passes.csv``.
 
-After a policy's first load points its idle server is also fingerprinted from outside (``raysd fingerprint``'s
-analysis on a few streams per workload): ``fingerprints.json`` and ``fingerprint-<policy>-<workload>.png``.
+Before the first workload's points each policy's idle server is also fingerprinted from outside
+(``raysd fingerprint``'s analysis on a few streams per workload): ``fingerprints.json`` and
+``fingerprint-<policy>-<workload>.png``.
 """
 
 from __future__ import annotations
