@@ -58,10 +58,12 @@ class PolicyConfig(_Strict):
     warmup_rounds: int = Field(default=8, ge=0, description="Rounds a segment runs at k before adapting.")
     min_gain: float = Field(default=1.05, ge=1.0,
                             description="Speculate only if predicted goodput beats plain decoding by this.")
-    pressure_high: float = Field(default=48, gt=0,
+    pressure_high: float = Field(default=28, gt=0,
                                  description="Sequences per verify step (running + waiting, summed over the "
-                                             "cluster) above which speculation turns off for everyone.")
-    pressure_low: float = Field(default=24, ge=0,
+                                             "cluster) above which speculation turns off for everyone. The "
+                                             "default fits the demo pair on 2 CPU cores, where always-on k=4 "
+                                             "stops paying near 32; set it from a sweep on your hardware.")
+    pressure_low: float = Field(default=16, ge=0,
                                 description="Pressure below which speculation turns back on (hysteresis).")
     probe_every: int = Field(default=32, ge=1,
                              description="A segment held at k=0 for low acceptance re-measures (k=1 for "

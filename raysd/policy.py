@@ -186,14 +186,25 @@ class CostModel:
 class GoodputCheck:
     """Measured output of whole rounds, speculating vs plain, per batch-size bucket.
 
-    The cost model prices a round without its prefills and without the draft catching up, and as a function
-    linear in the batch; a steady state still pays those (every new request is prefilled by the target and,
-    when drafting, by the draft too) and at large batches the fit misses by up to 2× (prose at batch 16: a
-    k = 1 round fitted at 1.6 plain rounds took 1.9 once prefill was counted; prose at batch 32: a round that
-    starts drafting, the draft catching up on every row, took 4.4 plain rounds). This check looks at what
+    The cost model prices a round without the draft catching up, and as a function linear in the batch; a
+    steady state still pays the catch-up (every new request is prefilled by the draft too, and a draft that
+    sat out rounds replays them) and at large batches the fit misses by up to 2× (prose at batch 32: a round
+    that starts drafting, the draft catching up on every row, took 4.4 plain rounds). This check looks at what
     rounds really delivered: tokens emitted per plain-round time at the round's batch size (the fit's plain
-    round, ``plain_seconds``: so a bucket's batch sizes, which differ by up to 2×, compare as like for like),
-    prefill and catch-up included, kept as an EMA per arm ("speculating": rounds that drafted for the batch;
+    round, ``plain_seconds``: so a bucket's batch sizes, which differ by up to 2×, compare as like for like).
+
+    Decoding is compared, not prefill: the caller subtracts the target's prefill time and leaves out the rows
+    it prefilled (their first token came from it). Every request pays that prefill once whichever arm runs,
+    but it lands on whichever round admits, and rounds that admit lean plain (their new rows cannot draft,
+    which lowers the model's gain); counted in, it made plain look slower than it is (served prose at batch
+    16: a prefill round took 85 ms against 31, and plain rounds read 0.37 tokens/ms against drafting's 0.42,
+    where plain rounds without a prefill delivered 0.50). The draft's catch-up is counted (a new request's
+    draft prefill is a steady cost of drafting), except in a round that starts drafting after plain ones,
+    which the caller leaves out: there the draft replays every row's tokens since it last drafted, a price of
+    switching paid once, and it dominated the few rounds a re-measurement runs (served JSON at batch 16: 0.32
+    tokens/ms measured against plain's 0.39, where steady always-on delivered 0.43–0.45).
+
+    Kept as an EMA per arm ("speculating": rounds that drafted for the batch;
     "plain": rounds that drafted nothing; probe rounds, one row drafting, are neither) in buckets of the batch
     size centred on powers of two (12–22 rows is one, 23–45 the next: a served batch at 16 or 32 users dips a
     few rows below while requests turn over, and must stay in one bucket). Speculation the model wants is
@@ -203,19 +214,32 @@ class GoodputCheck:
     model's choice runs again for the few rounds a measurement takes; speculating that long,
     ``SAMPLE_ROUNDS`` plain rounds are run (reason ``measure_plain``). A round of the slower arm in every
     ~60: ≤ 1–2% of throughput where the two differ by 50%.
+
+    Memory, evidence and retry periods count rounds of ``FULL_BATCH`` rows: a round of n < 16 rows weighs
+    n / 16. A small batch pays once per request what a large one spreads over many rows (the draft
+    prefilling a new prompt: at batch 1 one round in ~20 cost several), so ten rounds of memory at batch 1 swung
+    with where the last request began (code at batch 1 read 2.0 then 0.94 of plain within a request) and held
+    speculation back that paid 1.35× there.
     """
 
-    DECAY = 0.9  # per round of the same arm and bucket: ~10 rounds of memory
-    MIN_WEIGHT = 4.0  # EMA-weighted rounds an arm needs before it is believed (5 rounds)
+    DECAY = 0.9  # per full-batch round of the same arm and bucket: ~10 of them in memory
+    MIN_WEIGHT = 4.0  # EMA-weighted full-batch rounds an arm needs before it is believed (5 of them)
     RETRY_ROUNDS = 300
     SAMPLE_ROUNDS = 5
+    FULL_BATCH = 16
 
     def __init__(self):
         # (bucket, speculating) → EMA of [tokens emitted, tokens plain rounds would have emitted meanwhile, rounds]
         self.arms: dict[tuple[int, bool], list[float]] = {}
-        self.held_back: dict[int, int] = {}  # bucket → rounds held back since its speculating arm was measured
-        self.speculated: dict[int, int] = {}  # bucket → speculating rounds since its plain arm was measured
-        self.sampling: dict[int, int] = {}  # bucket → plain rounds still to run for a fresh measurement
+        # per bucket, in full-batch rounds: held back since its speculating arm was measured; speculating since
+        # its plain arm was; plain still to run for a fresh measurement
+        self.held_back: dict[int, float] = {}
+        self.speculated: dict[int, float] = {}
+        self.sampling: dict[int, float] = {}
+
+    def weight(self, num_seqs: int) -> float:
+        """A round of ``num_seqs`` rows in full-batch rounds (1.0 from ``FULL_BATCH`` rows)."""
+        return min(num_seqs, self.FULL_BATCH) / self.FULL_BATCH
 
     @staticmethod
     def bucket(num_seqs: int) -> int:
@@ -230,10 +254,12 @@ class GoodputCheck:
         bucket = self.bucket(num_seqs)
         plain_tokens = num_seqs * seconds / plain_seconds
         arm = self.arms.setdefault((bucket, speculating), [0.0, 0.0, 0.0])
-        arm[:] = [self.DECAY * arm[0] + tokens, self.DECAY * arm[1] + plain_tokens, self.DECAY * arm[2] + 1.0]
+        weight = self.weight(num_seqs)
+        decay = self.DECAY ** weight
+        arm[:] = [decay * arm[0] + tokens, decay * arm[1] + plain_tokens, decay * arm[2] + weight]
         if speculating:
             self.held_back[bucket] = 0
-            self.speculated[bucket] = self.speculated.get(bucket, 0) + 1
+            self.speculated[bucket] = self.speculated.get(bucket, 0) + weight
         else:
             self.speculated[bucket] = 0
 
@@ -251,7 +277,7 @@ class GoodputCheck:
         if speculating is None or plain is None or speculating >= plain:
             return False
         bucket = self.bucket(num_seqs)
-        self.held_back[bucket] = self.held_back.get(bucket, 0) + 1
+        self.held_back[bucket] = self.held_back.get(bucket, 0) + self.weight(num_seqs)
         if self.held_back[bucket] >= self.RETRY_ROUNDS:  # stale: measure speculation afresh
             del self.arms[(bucket, True)]
             self.held_back[bucket] = 0
@@ -265,7 +291,7 @@ class GoodputCheck:
             self.sampling[bucket] = self.SAMPLE_ROUNDS
             self.speculated[bucket] = 0
         if self.sampling.get(bucket, 0) > 0:
-            self.sampling[bucket] -= 1
+            self.sampling[bucket] -= self.weight(num_seqs)
             return True
         return False
 
@@ -307,6 +333,7 @@ class SpeculationPolicy:
         self.goodput = GoodputCheck()
         self._rounds_without_drafts: dict[str, int] = {}
         self._speculating = False  # did the last round draft for the batch (not just a probe)?
+        self._goodput_speculating = False  # did the last round the goodput check saw draft?
         self._probes = 0
         self._idle_before: dict[str, int] = {}  # segment → plain rounds before this round's drafts
 
@@ -437,11 +464,19 @@ class SpeculationPolicy:
         }
 
     def observe_goodput(self, reasons: list[str], drafted: list[int], tokens: int, seconds: float) -> None:
-        """A finished round's output (``tokens`` emitted in ``seconds`` of wall time, prefill included) for the
-        goodput check; probe rounds are left out (one row drafting says nothing about either arm)."""
-        if "probe" not in reasons:
+        """A finished round's decoding rows (their ``reasons`` and ``drafted``; ``tokens`` they emitted in
+        ``seconds`` of wall time, the draft's catch-up included, the target's prefill not; rows prefilled this
+        round are the caller's to leave out) for the goodput check; probe rounds are left out (one row drafting
+        says nothing about either arm), and so is a round that starts drafting after plain ones (what the draft
+        replays there is the price of switching, not of drafting)."""
+        if "probe" in reasons or not drafted:  # no rows: a round of prefills only
+            return
+        speculating = any(drafted)
+        switching = speculating and not self._goodput_speculating
+        self._goodput_speculating = speculating
+        if not switching:
             num_seqs = len(drafted)
-            self.goodput.observe(num_seqs, any(drafted), tokens, seconds, self.costs.round_seconds(0, num_seqs))
+            self.goodput.observe(num_seqs, speculating, tokens, seconds, self.costs.round_seconds(0, num_seqs))
 
     def observe_round(self, segments: list[str], drafted: list[int], accepted: list[int]) -> None:
         by_segment: dict[str, list[tuple[int, int]]] = {}

@@ -78,7 +78,7 @@ def test_segments_are_tracked_separately_and_decide_the_round_together():
 def test_a_probe_does_not_widen_every_round_of_a_big_batch():
     """Regression: probes were counted per sequence, so at batch 32 every round had a k=4 row."""
     rng = random.Random(4)
-    policy = SpeculationPolicy(PolicyConfig(warmup_rounds=2, probe_every=16))
+    policy = SpeculationPolicy(PolicyConfig(warmup_rounds=2, probe_every=16, pressure_high=64, pressure_low=32))
     _simulate(policy, 0.05, 60, "prose", rng, num_seqs=32)
     widths = [max(policy.decide(["prose"] * 32, [False] * 32, [16] * 32, pressure=32).ks) for _ in range(64)]
     assert widths.count(0) >= 60 and max(widths) <= 2  # about one short probe per 16 rounds
@@ -88,7 +88,7 @@ def test_a_probe_drafts_for_one_row_the_one_with_least_to_catch_up():
     """Regression: a probe drafted for every row of the segment, and a draft that sat out k = 0 rounds must
     first catch up on every token it missed — 32 rows' worth each probe cost ~15% of throughput at k = 0."""
     rng = random.Random(5)
-    policy = SpeculationPolicy(PolicyConfig(warmup_rounds=2, probe_every=8))
+    policy = SpeculationPolicy(PolicyConfig(warmup_rounds=2, probe_every=8, pressure_high=64, pressure_low=32))
     _simulate(policy, 0.05, 60, "prose", rng, num_seqs=32)
     lengths = [200 + 7 * row for row in range(32)]
     limits = [16] * 32
@@ -308,9 +308,63 @@ def test_goodput_check_leaves_probe_rounds_out_and_buckets_by_batch():
     for _ in range(10):
         policy.observe_goodput(["probe"] + ["low_acceptance"] * 7, [2] + [0] * 7, 9, 0.05)
     assert policy.goodput.arms == {}  # a probe round is neither arm
-    for _ in range(10):
+    for _ in range(20):  # a round of 8 rows weighs half a full-batch round
         policy.observe_goodput(["adaptive"] * 8, [3] * 8, 20, 0.05)
     plain_tokens = 8 * 0.05 / policy.costs.round_seconds(0, 8)  # what plain rounds emit in 0.05 s at batch 8
     assert policy.goodput.rate(8, True) == pytest.approx(20 / plain_tokens)
     assert policy.goodput.rate(8, False) is None
     assert not policy.goodput.speculation_slower(8)  # one arm alone proves nothing
+
+
+def test_goodput_check_leaves_out_the_round_that_starts_drafting():
+    """The first drafting round after plain ones pays for the draft replaying every row's tokens since it last
+    drafted: a price of switching, paid once. Counted, it decided the few rounds a re-measurement runs and held
+    back speculation that paid (served JSON at batch 16). The rounds after it count; a probe in between (one
+    row drafting) neither counts nor restarts the stretch."""
+    policy = SpeculationPolicy(PolicyConfig())
+    for _ in range(6):
+        policy.observe_goodput(["low_acceptance"] * 16, [0] * 16, 16, 0.030)
+    policy.observe_goodput(["adaptive"] * 16, [2] * 16, 40, 0.500)  # the draft catches up on 16 rows
+    assert (4, True) not in policy.goodput.arms
+    for _ in range(6):
+        policy.observe_goodput(["adaptive"] * 16, [2] * 16, 40, 0.060)
+    plain_tokens = 16 * 0.060 / policy.costs.round_seconds(0, 16)
+    assert policy.goodput.rate(16, True) == pytest.approx(40 / plain_tokens)
+    assert not policy.goodput.speculation_slower(16)  # 40 tokens in two plain rounds' time beats 16 in one
+    weight = policy.goodput.arms[(4, True)][2]
+    policy.observe_goodput(["probe"] + ["low_acceptance"] * 15, [2] + [0] * 15, 18, 0.050)
+    policy.observe_goodput(["adaptive"] * 16, [2] * 16, 40, 0.060)
+    assert policy.goodput.arms[(4, True)][2] > weight  # still the same drafting stretch: counted
+    policy.observe_goodput(["measured_slower"] * 16, [0] * 16, 16, 0.030)
+    policy.observe_goodput(["adaptive"] * 16, [2] * 16, 40, 0.500)  # a new stretch starts: left out again
+    assert policy.goodput.rate(16, True) == pytest.approx(40 / plain_tokens)
+
+
+def test_goodput_check_ignores_rounds_of_prefills_only():
+    """A round whose rows were all prefilled has no decoding rows to count (at batch 1, every request's first
+    round): it leaves both arms and the drafting stretch as they were."""
+    policy = SpeculationPolicy(PolicyConfig())
+    for _ in range(6):
+        policy.observe_goodput(["adaptive"], [3], 4, 0.020)
+    assert policy.goodput.rate(1, True) is None  # 6 rounds of one row are not yet evidence (6 of 16 rows would be)
+    before = {arm: list(state) for arm, state in policy.goodput.arms.items()}
+    policy.observe_goodput([], [], 0, 0.004)
+    assert policy.goodput.arms == before
+    policy.observe_goodput(["adaptive"], [3], 4, 0.020)  # not a switch: counted
+    assert policy.goodput.arms[(0, True)][2] > before[(0, True)][2]
+
+
+def test_goodput_memory_counts_rows_so_a_small_batch_averages_over_requests():
+    """At batch 1 the draft prefills each new prompt in one round of ~20: ten rounds of memory swung with it
+    (code at batch 1 read 2.0, then 0.94 of plain within one request). Memory counts rounds of 16 rows, so
+    batch 1 averages over ~160 rounds while batch 16 keeps its ~10."""
+    policy = SpeculationPolicy(PolicyConfig())
+    plain_seconds = policy.costs.round_seconds(0, 1)
+    for _ in range(200):
+        policy.observe_goodput(["measured_slower"], [0], 1, plain_seconds)
+    for round_index in range(200):  # three tokens a round, and every 20th round the draft prefills a prompt
+        catching_up = round_index % 20 == 1
+        policy.observe_goodput(["adaptive"], [4], 3, plain_seconds * (25.0 if catching_up else 1.5))
+        if round_index > 100:
+            assert policy.goodput.rate(1, True) > policy.goodput.rate(1, False)  # never swings below plain
+    assert policy.goodput.rate(1, True) == pytest.approx(3 * 20 / (19 * 1.5 + 25), rel=0.1)
