@@ -164,7 +164,7 @@ class SpecEngine:
         from the running batch. Returns ``(outputs, finished)``; the caller frees the finished ones' caches."""
         batch, decision = plan.batch, plan.decision
         drafted = proposal.num_draft.tolist()
-        decoding = [s.num_generated > 0 for s in batch]  # rows not prefilled this round
+        decoding_rows = [row for row, s in enumerate(batch) if s.num_generated > 0]  # not prefilled this round
         outputs, finished, emitted_counts = [], [], []
         for i, sequence in enumerate(batch):
             if sequence.finished:  # aborted while the round was in flight
@@ -208,9 +208,9 @@ class SpecEngine:
         self.aggregator.add(self.last_round)
         # the goodput check compares decoding: without the target's prefill, and so without the first tokens
         # that prefill produced (see ``GoodputCheck``)
-        rows = [row for row, decodes in enumerate(decoding) if decodes]
-        self.policy.observe_goodput([decision.reasons[row] for row in rows], [drafted[row] for row in rows],
-                                    sum(emitted_counts[row] for row in rows),
+        self.policy.observe_goodput([decision.reasons[row] for row in decoding_rows],
+                                    [drafted[row] for row in decoding_rows],
+                                    sum(emitted_counts[row] for row in decoding_rows),
                                     now - plan.started - result.prefill_seconds)
         return outputs, finished
 

@@ -204,22 +204,22 @@ class GoodputCheck:
     switching paid once, and it dominated the few rounds a re-measurement runs (served JSON at batch 16: 0.32
     tokens/ms measured against plain's 0.39, where steady always-on delivered 0.43–0.45).
 
-    Kept as an EMA per arm ("speculating": rounds that drafted for the batch;
-    "plain": rounds that drafted nothing; probe rounds, one row drafting, are neither) in buckets of the batch
-    size centred on powers of two (12–22 rows is one, 23–45 the next: a served batch at 16 or 32 users dips a
-    few rows below while requests turn over, and must stay in one bucket). Speculation the model wants is
-    held back (reason ``measured_slower``) where both arms have recent evidence and speculating delivered
-    less. Each arm is re-measured from scratch after ``RETRY_ROUNDS`` rounds of the other in a bucket (the
-    text or the load may have changed): held back that long, the speculating evidence is dropped and the
-    model's choice runs again for the few rounds a measurement takes; speculating that long,
-    ``SAMPLE_ROUNDS`` plain rounds are run (reason ``measure_plain``). A round of the slower arm in every
-    ~60: ≤ 1–2% of throughput where the two differ by 50%.
+    Kept as an EMA per arm ("speculating": rounds that drafted for the batch; "plain": rounds that drafted
+    nothing; probe rounds, one row drafting, are neither) in buckets of the batch size centred on powers of two
+    (12–22 rows is one, 23–45 the next: a served batch at 16 or 32 users dips a few rows below while requests turn
+    over, and must stay in one bucket). Speculation the model wants is held back (reason ``measured_slower``)
+    where both arms have recent evidence and speculating delivered less. Each arm is re-measured from scratch
+    after ``RETRY_ROUNDS`` rounds of the other in a bucket (the text or the load may have changed): held back that
+    long, the speculating evidence is dropped and the model's choice runs again for the few rounds a measurement
+    takes; speculating that long, ``SAMPLE_ROUNDS`` plain rounds are run (reason ``measure_plain``). A round of
+    the slower arm in every ~60: ≤ 1–2% of throughput where the two differ by 50%.
 
     Memory, evidence and retry periods count rounds of ``FULL_BATCH`` rows: a round of n < 16 rows weighs
-    n / 16. A small batch pays once per request what a large one spreads over many rows (the draft
-    prefilling a new prompt: at batch 1 one round in ~20 cost several), so ten rounds of memory at batch 1 swung
-    with where the last request began (code at batch 1 read 2.0 then 0.94 of plain within a request) and held
-    speculation back that paid 1.35× there.
+    n / 16. A small batch pays once per request what a large one spreads over many rows (the draft prefilling
+    a new prompt: at batch 1 one round in ~20 cost several), so ten rounds of memory at batch 1 swung with
+    where the last request began (code at batch 1 read 2.0 then 0.94 of plain within a request) and held back
+    speculation that paid 1.35× there. The price: at batch 1 an arm is believed after ~80 rounds, and a
+    held-back bucket is retried after 4,800 rounds (about a minute of batch-1 traffic here).
     """
 
     DECAY = 0.9  # per full-batch round of the same arm and bucket: ~10 of them in memory

@@ -218,6 +218,18 @@ def test_first_round_only_prefills_so_ttft_does_not_pay_for_drafting(tiny_pair):
     assert sequence.stats.drafted_tokens == 4 and sequence.stats.last_reason == "fixed"
 
 
+def test_goodput_check_sees_decoding_rows_only_not_the_prefill(tiny_pair):
+    """The engine hands the goodput check only rows that decoded: a request's first round (its prefill, and
+    the token the prefill produced) reaches neither arm, and later rounds do."""
+    engine = _engine(tiny_pair, "model", PolicyConfig(mode=SpeculationMode.on, k=4), max_num_seqs=2)
+    engine.add([5, 9, 33, 2], SamplingParams(max_tokens=12))
+    engine.step()
+    assert engine.policy.goodput.arms == {}  # a round of prefills only
+    engine.step()  # starts drafting: the switching round, also left out
+    engine.step()
+    assert set(engine.policy.goodput.arms) == {(0, True)}  # batch 1, drafting
+
+
 def test_non_finite_logits_fail_only_their_request_and_do_not_poison_the_cache(tiny_pair):
     """Fault injection by weight corruption (named as such): one vocabulary row of the target's embeddings is
     NaN, so a prompt containing that token yields NaN logits. That request fails with reason "error"; the rest
