@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from raysd.config import EngineConfig, PolicyConfig, SamplingParams, SpeculationMode
-from raysd.drafting import Drafter, DraftProposal, empty_proposal
+from raysd.drafting import Drafter, DraftProposal, empty_proposal, merge_proposals
 from raysd.metrics import RoundStats, SpecDecodeAggregator
 from raysd.policy import Decision, SpeculationPolicy
 from raysd.sequence import Sequence
@@ -152,7 +152,7 @@ class SpecEngine:
         prefilling = [s.num_generated == 0 and not self.policy.config.speculate_prefill for s in batch]
         k_limits = [0 if prefill else max(0, s.remaining - 1) for s, prefill in zip(batch, prefilling)]
         decision = self.policy.decide([s.segment for s in batch], opt_out, k_limits, self.pressure_source(),
-                                      [len(s.token_ids) for s in batch])
+                                      [s.draft_behind for s in batch])
         for row, prefill in enumerate(prefilling):
             if prefill and not opt_out[row] and decision.reasons[row] != "off":
                 decision.ks[row], decision.reasons[row] = 0, "prefill"
@@ -178,6 +178,8 @@ class SpecEngine:
                 emitted_counts.append(0)
                 continue
             accepted = result.num_accepted[i]
+            if drafted[i] > 0:  # the draft fed everything before its drafts and kept the accepted ones but the last
+                sequence.draft_cached = len(sequence.token_ids) + min(accepted, drafted[i] - 1)
             kept = sequence.append(proposal.token_ids[i, :accepted].tolist() + [result.bonus_token_ids[i]],
                                    self.eos_token_id)
             sequence.stats.record_round(decision.reasons[i], drafted[i], accepted)
@@ -187,6 +189,9 @@ class SpecEngine:
                 finished.append(sequence)
 
         self.policy.observe_round([s.segment for s in batch], drafted, result.num_accepted)
+        if any(drafted):
+            self.policy.observe_catchup(sum(behind for behind, k in zip(decision.catchup_tokens, drafted) if k),
+                                        proposal.catchup_seconds)
         # the cost model learns what a whole round pays (in the server: remote calls and their overheads too),
         # less prefill and less the draft catching up on tokens decoded while it sat out: a steady state does
         # not repeat that work, and learning from what is left keeps k > 0 measured by the probes
@@ -223,13 +228,15 @@ class SpecEngine:
         plan = self.plan()
         if plan is None:
             return []
-        if any(plan.decision.ks):
-            proposal = self.drafter.propose(plan.batch, plan.decision.ks)
-        else:
-            proposal = empty_proposal(len(plan.batch))
+        # like the served router: the drafter sees only the rows that draft (others need not catch up)
+        rows = [row for row, k in enumerate(plan.decision.ks) if k > 0]
+        proposal = empty_proposal(len(plan.batch))
+        if rows:
+            part = self.drafter.propose([plan.batch[row] for row in rows], [plan.decision.ks[row] for row in rows])
+            proposal = merge_proposals(len(plan.batch), [(rows, part)])
         result = self.verifier.verify(plan.batch, proposal)
-        if any(plan.decision.ks):
-            self.drafter.observe([s.seq_id for s in plan.batch], result.num_accepted)
+        if rows:
+            self.drafter.observe([plan.batch[row].seq_id for row in rows], [result.num_accepted[row] for row in rows])
         outputs, finished = self.commit(plan, proposal, result)
         self._retire(finished)
         return outputs

@@ -74,6 +74,15 @@ class Sequence:
     base_seed: int = 0  # sampling randomness derives from (base_seed, round, purpose); see round_generator
     admitted_at: float | None = None  # perf_counter when it joined the batch
     finished_at: float | None = None
+    # tokens of ``token_ids`` the draft holds in its cache, as of the last round this sequence drafted (0: it
+    # never drafted); what it missed since must be fed to it before it drafts again
+    draft_cached: int = 0
+
+    @property
+    def draft_behind(self) -> int:
+        """Tokens the draft must be fed before it can draft for this sequence (all but the last, which the
+        first draft step feeds)."""
+        return max(0, len(self.token_ids) - 1 - self.draft_cached)
 
     def __post_init__(self):
         if not self.prompt_token_ids:

@@ -281,6 +281,29 @@ def test_draft_timing_separates_catch_up_from_draft_steps(tiny_pair):
     assert resumed.token_ids.tolist() == fresh.token_ids.tolist()
 
 
+def test_the_engine_knows_what_the_draft_missed_and_learns_what_feeding_it_costs(tiny_pair, references):
+    """The policy prices a start by the tokens the draft must be fed first (``Sequence.draft_behind``): after
+    every round, each sequence's ``draft_cached`` is what the drafter's cache really holds for it, through
+    probes (one row drafts, the others fall behind) and drafting rounds; and the catch-up rate is learned."""
+    prompts, expected = references
+    engine = _engine(tiny_pair, "model", PolicyConfig(warmup_rounds=2, probe_every=3, min_gain=1.3), 4)
+    sequences = [engine.add(p, SamplingParams(max_tokens=MAX_TOKENS)) for p in prompts[:6]]
+    drafter, checked, most_behind = engine.drafter, 0, 0
+    prior_tokens = engine.policy.catchup.tokens
+    while engine.has_work:
+        engine.step()
+        for sequence in engine.running:
+            if sequence.seq_id in drafter.table:
+                assert sequence.draft_cached == int(drafter.cache.lengths[drafter.table.row_of[sequence.seq_id]])
+                checked += 1
+                most_behind = max(most_behind, sequence.draft_behind)
+            else:
+                assert sequence.draft_cached == 0 and sequence.draft_behind == len(sequence.token_ids) - 1
+    assert checked > 20 and most_behind > 2 and engine.policy.catchup.tokens != prior_tokens
+    for index, (sequence, (tokens, logits)) in enumerate(zip(sequences, expected)):
+        assert_greedy_equal_or_tie(sequence.output_token_ids, tokens, logits, f"prompt {index}")
+
+
 def test_every_round_teaches_the_cost_model_probes_included(tiny_pair, references):
     """A policy holding k = 0 drafts only in k = 1 probes, each a round where the draft catches up; those
     rounds are learned from (less the catch-up), else the cost of drafting is never re-measured."""

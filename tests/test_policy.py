@@ -90,11 +90,12 @@ def test_a_probe_drafts_for_one_row_the_one_with_least_to_catch_up():
     rng = random.Random(5)
     policy = SpeculationPolicy(PolicyConfig(warmup_rounds=2, probe_every=8, pressure_high=64, pressure_low=32))
     _simulate(policy, 0.05, 60, "prose", rng, num_seqs=32)
-    lengths = [200 + 7 * row for row in range(32)]
+    behind = [200 + 7 * row for row in range(32)]
     limits = [16] * 32
-    limits[3], lengths[3] = 0, 50  # shortest, but prefilling (no room to draft): never the probe
-    lengths[17] = 60
-    probes = [policy.decide(["prose"] * 32, [False] * 32, limits, pressure=32, lengths=lengths) for _ in range(40)]
+    limits[3], behind[3] = 0, 50  # least behind, but prefilling (no room to draft): never the probe
+    behind[17] = 60
+    probes = [policy.decide(["prose"] * 32, [False] * 32, limits, pressure=32, catchup_tokens=behind)
+              for _ in range(40)]
     probes = [d for d in probes if any(d.ks)]
     assert len(probes) >= 4
     for decision in probes:
@@ -182,6 +183,8 @@ def test_describe_shows_what_the_decision_rests_on():
     assert view["segments"]["json"]["rounds"] == 20
     assert view["cost"]["round_cost"][0] == 1.0 and list(view["cost"]["round_cost"]) == [0, 1, 2, 3, 4]
     assert view["cost"]["round_cost"][4] == pytest.approx(policy.costs.round_cost(4, 2), abs=1e-3)
+    policy.observe_catchup(100, 0.05)
+    assert policy.describe(num_seqs=2)["cost"]["catchup_seconds_per_token"] > view["cost"]["catchup_seconds_per_token"]
 
 
 def _policy_with_cheap_costs(**config) -> SpeculationPolicy:
@@ -205,6 +208,31 @@ def test_a_marginal_gain_neither_starts_nor_stops_speculation():
         assert (decision.ks[0] > 0) == expect_speculating
         k, gain = policy.best_round_k([marginal], [8], 1)
         assert (k > 0) == expect_speculating, (marginal, k, gain)
+
+
+def test_starting_to_draft_pays_for_the_drafts_catch_up_and_keeping_on_does_not():
+    """A segment worth ~1.2× a round starts drafting when the draft is nearly in step, not when it must first be
+    fed rounds' worth of missed tokens on every row (each start cost ~4 plain rounds on served prose at batch
+    16, and drafting toggled every few rounds); once drafting, a new row's catch-up does not stop the batch."""
+    policy = _policy_with_cheap_costs(warmup_rounds=0, min_gain=1.05)
+    for _ in range(60):  # held at k = 0 by text the draft could not predict ...
+        policy.acceptance.observe("prose", 4, 0)
+        reasons = policy.decide(["prose"], [False], [8], pressure=1).reasons
+    assert reasons == ["low_acceptance"]
+    for _ in range(40):  # ... then its probes find α ≈ 0.5
+        policy.acceptance.observe("prose", 4, 1)
+    alpha = policy.acceptance.alpha("prose")
+    _, gain = policy.best_round_k([alpha], [8], 1)
+    assert 1.1 < gain < 1.5, gain  # the model alone would start
+    policy.observe_catchup(1000, 0.2)  # feeding a missed token costs 0.2 ms: ~1% of a plain round here
+    plain_seconds = policy.costs.round_seconds(0, 1)
+    far_behind = round(4 * plain_seconds / policy.catchup.predict(1))  # four plain rounds' worth of catch-up
+    held = policy.decide(["prose"], [False], [8], pressure=1, catchup_tokens=[far_behind])
+    assert held.ks == [0] and held.reasons == ["low_acceptance"]
+    started = policy.decide(["prose"], [False], [8], pressure=1, catchup_tokens=[2])
+    assert started.ks[0] > 0 and started.reasons == ["adaptive"]
+    kept = policy.decide(["prose"], [False], [8], pressure=1, catchup_tokens=[far_behind])
+    assert kept.ks[0] > 0  # speculating already: the catch-up is the steady price, which the goodput check sees
 
 
 def test_a_policy_held_at_k0_relearns_what_drafting_costs_from_its_probes():
