@@ -67,7 +67,8 @@ class PolicyConfig(_Strict):
                                 description="Pressure below which speculation turns back on (hysteresis).")
     probe_every: int = Field(default=32, ge=1,
                              description="A segment held at k=0 for low acceptance re-measures (k=1 for "
-                                         "its shortest row) after this many rounds, so it can recover.")
+                                         "the row the draft is least behind on) after this many rounds, so it "
+                                         "can recover.")
     cost_decay: float = Field(default=0.98, gt=0, lt=1, description="Forgetting factor of the cost fit.")
     speculate_prefill: bool = Field(default=False,
                                     description="Also draft in a sequence's first round. Off (default): the first "

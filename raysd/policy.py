@@ -6,7 +6,7 @@ With α the per-token acceptance of a segment, a round drafting k tokens emits i
 (``CostModel``: the whole round, draft calls, verify and overheads together). The policy picks k ∈
 {0..k_max} maximising expected tokens per unit of cost and speculates only when that beats plain decoding
 (k = 0, value 1) by ``min_gain``; starting after plain rounds also pays for the draft catching up on what it
-missed (``CatchUpCost``), spread over ``SWITCH_HORIZON`` rounds. A pressure gate with hysteresis turns
+missed (``CatchUpCost``), spread over the stretch it should serve. A pressure gate with hysteresis turns
 speculation off for everyone above ``pressure_high`` and back on below ``pressure_low``.
 
 The decision is per round, not per sequence: a verify is as wide as its longest draft, so one row at k
@@ -168,8 +168,8 @@ class SpeculationPolicy:
         Adaptive mode decides once per round (see ``best_round_k``) from every row's segment acceptance;
         all rows that may speculate get that k. A segment still warming up raises it to ``k`` (reason
         ``warmup``); a segment held at k = 0 for ``probe_every`` rounds gets a probe (``probe``): ``probe_k`` for
-        its one shortest row, so its acceptance stays measured. One row, not all: a draft that sat out k = 0
-        rounds must first catch up on every token it missed, and doing that for a whole batch of 32 rows
+        its one row the draft is least behind on, so its acceptance stays measured. One row, not all: a draft
+        that sat out k = 0 rounds must first catch up on every token it missed, and doing that for 32 rows
         every ``probe_every`` rounds cost the served path ~15% of its throughput at k = 0 (sweep run 7).
 
         Starting to draft after plain rounds (not while speculating) pays the catch-up of the rows that would
