@@ -231,10 +231,13 @@ class RoundLoop:
             if ks[row] == 0 or row not in pinned_rows:
                 ks[row] = 0
                 continue
+            pinned = self.drafts.assignment.get(sequence.seq_id)
             worker = self.drafts.worker_of(sequence.seq_id) if self.drafting_available else None
             if worker is None:
                 ks[row], reasons[row] = 0, "draft_unavailable"
                 continue
+            if worker.worker_id != pinned:  # a draft worker that never saw this sequence (first use, failover)
+                sequence.draft_cached = 0
             by_draft.setdefault(worker.worker_id, []).append(row)
         if not by_draft:
             return empty_proposal(len(plan.batch))
