@@ -17,7 +17,8 @@ Settings (environment): RAYSD_MODEL (default raysd-demo), RAYSD_MAX_TOKENS (64),
 path), RAYSD_PROMPT_ORDER (``cycle``, the default, or ``random``: draw each prompt at random),
 RAYSD_REQUEST_TIMEOUT (seconds without a byte before a request counts as hung, default 120),
 RAYSD_LOCUST_DUMP (write raw per-chunk timings, token counts, speculation stats and failure reasons to this
-JSON file when the run stops — the sweep and chaos scripts read it), RAYSD_RECORD_OUTPUTS=1 (ask for
+JSON file when the run stops — the sweep and chaos scripts read it; arrival times are ``time.perf_counter()``
+of the Locust process, each chunk's tokens the mean of its request's chunks), RAYSD_RECORD_OUTPUTS=1 (ask for
 ``return_token_ids``, a vLLM/raysd extension, and keep each completed request's prompt and token ids).
 
 Run Locust as its own process: importing it into a process that already imported ray/torch breaks gevent.
@@ -54,7 +55,8 @@ def _raw(workload: str) -> dict:
     return RAW.setdefault(workload, {"ttft_s": [], "gaps_s": [], "tokens_per_chunk": [], "requests": 0,
                                      "failures": 0, "output_tokens": 0, "latency_s": [], "num_draft_tokens": 0,
                                      "num_accepted_draft_tokens": 0, "first_at": None, "last_at": None,
-                                     "failure_reasons": [], "failure_at": [], "outputs": []})
+                                     "failure_reasons": [], "failure_at": [], "outputs": [], "chunk_at": [],
+                                     "chunk_tokens": []})
 
 
 @events.test_stop.add_listener
@@ -139,6 +141,8 @@ class _StreamingUser(HttpUser):
         raw["gaps_s"] += gaps
         raw["latency_s"].append(ended - started)
         raw["tokens_per_chunk"].append(tokens / len(arrivals))
+        raw["chunk_at"] += arrivals  # when each chunk arrived, with the request's mean tokens per chunk
+        raw["chunk_tokens"] += [tokens / len(arrivals)] * len(arrivals)
         raw["first_at"] = started if raw["first_at"] is None else min(raw["first_at"], started)
         raw["last_at"] = ended if raw["last_at"] is None else max(raw["last_at"], ended)
         if RECORD_OUTPUTS:

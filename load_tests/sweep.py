@@ -3,8 +3,9 @@
 One ``raysd serve`` (its own local Ray) serves the whole sweep. At each workload and concurrency the
 policies take turns (switched through ``PUT /v1/admin/policy``, each keeping its own state), each driven by
 a headless Locust run (closed loop: users = concurrency) for a bounded window, reading Locust's raw
-per-chunk timings. It writes ``sweep.csv`` and PNG plots into ``--out`` and prints the ratios the claims
-rest on:
+per-chunk timings. Output tokens/s counts what streamed during the window, while all c users ran, not the
+drain that follows it (see ``window_tokens``). It writes ``sweep.csv`` and PNG plots into ``--out`` and prints
+the ratios the claims rest on:
 
 - adaptive / max(off, on) at each concurrency (goal ≥ 0.95 everywhere);
 - on / off at the top concurrency (speculation at high load loses: < 1);
@@ -51,8 +52,8 @@ HELDOUT = REPO / "bench" / "prompts" / "heldout.jsonl"  # the locustfile's promp
 USER_CLASS = {"code": "CodeUser", "json": "JsonUser", "prose": "ProseUser"}
 POLICIES = {"off": {"mode": "off"}, "on": {"mode": "on"}, "adaptive": {"mode": "adaptive"}}
 COLUMNS = ["policy", "workload", "concurrency", "requests", "failures", "output_tokens", "seconds",
-           "tokens_per_s", "latency_p50_s", "latency_p95_s", "ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s",
-           "tokens_per_chunk", "acceptance_rate"]
+           "window_tokens", "window_seconds", "tokens_per_s", "latency_p50_s", "latency_p95_s", "ttft_p50_s",
+           "ttft_p95_s", "itl_p50_s", "itl_p95_s", "tokens_per_chunk", "acceptance_rate"]
 
 
 def _free_port() -> int:
@@ -137,13 +138,37 @@ def fingerprint_policy(url: str, policy: str, workloads: list[str], streams: int
     return verdicts
 
 
-def summarise(policy: str, workload: str, users: int, raw: dict) -> dict:
+def window_tokens(raw: dict, window_s: float | None) -> tuple[float, float]:
+    """``(tokens, seconds)`` streamed while all users were running: chunks that arrived in the first
+    ``window_s`` seconds from the first request's start (completed requests' chunks, each worth its request's
+    mean tokens per chunk). None: the whole run, first request's start to last request's end.
+
+    Locust stops starting requests after ``-t`` and waits for the ones in flight, so the end of a run drains:
+    concurrency falls from c to 0, and it falls at different paces per policy: a policy that decodes a batch
+    in lockstep (speculation off, equal max_tokens) ends all its requests in one round, one that speculates
+    ends them one by one, running ever smaller batches for up to a request's length. Counted in, that tail
+    is throughput at less than c, charged to speculation (~5–10% at c = 16 here, where a request lasts 2–3 s
+    of a 12 s window)."""
+    if not raw.get("requests"):
+        return 0.0, 0.0
+    whole = raw["last_at"] - raw["first_at"]
+    if window_s is None or not raw.get("chunk_at"):
+        return float(raw.get("output_tokens", 0)), whole
+    end = raw["first_at"] + window_s
+    tokens = sum(count for at, count in zip(raw["chunk_at"], raw["chunk_tokens"]) if at <= end)
+    return tokens, min(window_s, whole)
+
+
+def summarise(policy: str, workload: str, users: int, raw: dict, window_s: float | None = None) -> dict:
+    """One window's row of ``sweep_passes.csv``; ``tokens_per_s`` is over the window (``window_tokens``)."""
     seconds = (raw["last_at"] - raw["first_at"]) if raw.get("requests") else 0.0
     drafted = raw.get("num_draft_tokens", 0)
+    tokens, window_seconds = window_tokens(raw, window_s)
     return {
         "policy": policy, "workload": workload, "concurrency": users, "requests": raw.get("requests", 0),
         "failures": raw.get("failures", 0), "output_tokens": raw.get("output_tokens", 0), "seconds": seconds,
-        "tokens_per_s": raw.get("output_tokens", 0) / seconds if seconds else 0.0,
+        "window_tokens": tokens, "window_seconds": window_seconds,
+        "tokens_per_s": tokens / window_seconds if window_seconds else 0.0,
         "latency_p50_s": _percentile(raw.get("latency_s", []), 0.5),
         "latency_p95_s": _percentile(raw.get("latency_s", []), 0.95),
         "ttft_p50_s": _percentile(raw.get("ttft_s", []), 0.5), "ttft_p95_s": _percentile(raw.get("ttft_s", []), 0.95),
@@ -163,10 +188,10 @@ def merge_passes(rows: list[dict]) -> list[dict]:
     merged = []
     for (policy, workload, users), group in groups.items():
         row = {"policy": policy, "workload": workload, "concurrency": users}
-        for key in ("requests", "failures", "output_tokens", "seconds"):
+        for key in ("requests", "failures", "output_tokens", "seconds", "window_tokens", "window_seconds"):
             row[key] = sum(r[key] for r in group)
-        row["tokens_per_s"] = row["output_tokens"] / row["seconds"] if row["seconds"] else 0.0
-        for key in COLUMNS[8:]:
+        row["tokens_per_s"] = row["window_tokens"] / row["window_seconds"] if row["window_seconds"] else 0.0
+        for key in COLUMNS[COLUMNS.index("tokens_per_s") + 1:]:
             values = [r[key] for r in group if r[key] is not None]
             row[key] = statistics.fmean(values) if values else None
         merged.append(row)
@@ -246,7 +271,7 @@ def _measure(url: str, policy: str, workload: str, users: int, args, duration: f
         gaps = args.out / f"gaps-{policy}-{workload}.json"
         gaps.write_text(json.dumps({k: raw.get(k, []) for k in ("gaps_s", "tokens_per_chunk")}))
     progress.update()
-    return {**summarise(policy, workload, users, raw), "pass": pass_index + 1}
+    return {**summarise(policy, workload, users, raw, max(1, int(duration))), "pass": pass_index + 1}
 
 
 def set_policy(url: str, policy: str, k: int) -> None:

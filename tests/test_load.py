@@ -173,7 +173,8 @@ def test_sweep_passes_merge_into_one_point_over_both_windows():
 
     def row(policy, tokens, seconds, p50, acceptance):
         return {**dict.fromkeys(COLUMNS), "policy": policy, "workload": "json", "concurrency": 4, "requests": 10,
-                "failures": 0, "output_tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+                "failures": 0, "output_tokens": tokens, "seconds": seconds, "window_tokens": tokens,
+                "window_seconds": seconds, "tokens_per_s": tokens / seconds,
                 "latency_p50_s": p50, "acceptance_rate": acceptance}
 
     merged = {r["policy"]: r for r in merge_passes([row("on", 1000, 10.0, 1.0, 0.6), row("off", 900, 10.0, 2.0, None),
@@ -181,3 +182,20 @@ def test_sweep_passes_merge_into_one_point_over_both_windows():
     assert merged["on"]["tokens_per_s"] == 2000 / 40.0 and merged["on"]["requests"] == 20
     assert merged["on"]["latency_p50_s"] == 2.0 and abs(merged["on"]["acceptance_rate"] - 0.5) < 1e-9
     assert merged["off"]["acceptance_rate"] is None and merged["off"]["tokens_per_s"] == 90.0
+
+
+def test_throughput_is_counted_while_all_users_run_not_over_the_drain():
+    """A window's tokens/s counts chunks that arrived in the first ``window_s`` seconds: the drain after Locust
+    stops starting requests (concurrency falling to 0) is not throughput at c."""
+    from load_tests.sweep import summarise
+
+    # two requests from t=100: one streams 10 chunks of 2 tokens over 100..105, the other 10 chunks of 1 token
+    # over 100..110 (its second half arrives after a 5 s window)
+    raw = {"requests": 2, "failures": 0, "output_tokens": 30, "first_at": 100.0, "last_at": 110.0,
+           "chunk_at": [100.5 + 0.5 * i for i in range(10)] + [101.0 + i for i in range(10)],
+           "chunk_tokens": [2.0] * 10 + [1.0] * 10}
+    windowed = summarise("on", "json", 2, raw, window_s=5)
+    assert windowed["window_tokens"] == 20 + 5 and windowed["window_seconds"] == 5
+    assert windowed["tokens_per_s"] == 25 / 5
+    whole = summarise("on", "json", 2, raw)
+    assert whole["tokens_per_s"] == 30 / 10 and whole["output_tokens"] == 30
