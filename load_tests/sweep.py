@@ -11,7 +11,7 @@ the ratios the claims rest on:
 - on / off at the top concurrency (speculation at high load loses: < 1);
 - TTFT spec / off (speculation does nothing for prefill: ≈ 1.00).
 
-    python load_tests/sweep.py --passes 4 --duration 12   # the recorded sweep (~75 min on 2 cores)
+    python load_tests/sweep.py --passes 5 --duration 12   # the recorded sweep (~80 min on 2 cores)
     python load_tests/sweep.py --quick --out /tmp/s       # smoke run: json only, concurrency 1 and 4, 5 s each
     python load_tests/sweep.py --fingerprint-only         # only the outside observer's verdicts, per policy
     python load_tests/sweep.py --layout per-policy        # a fresh server per policy (the old layout)

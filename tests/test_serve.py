@@ -167,6 +167,22 @@ def test_cluster_pressure_turns_speculation_off_and_back_on(server):
     assert health["policy"]["segments"], "the policy's per-segment acceptance is visible on /health"
 
 
+def test_the_gate_reads_this_routers_load_now_and_the_others_as_last_reported():
+    """The cluster pressure a round is decided on is the other routers' last reports plus this router's own
+    load at that moment: a step in its own load reaches the gate in the same round, not at its next report."""
+    from types import SimpleNamespace
+
+    from raysd.serve.ingress import Router
+
+    engine = SimpleNamespace(running=[object()] * 20, waiting=[])
+    router = object.__new__(Router)
+    router.loop = SimpleNamespace(engine=engine)
+    router.other_routers_pressure = 5.0
+    assert router.local_pressure == 20 and router.cluster_pressure == 25
+    engine.running, engine.waiting = [object()] * 32, [object()] * 4  # a load step, no report in between
+    assert router.cluster_pressure == 41
+
+
 def test_admin_policy_switch_reaches_every_round_and_output_stays_identical(server, references):
     """``PUT /v1/admin/policy`` switches the running cluster's speculation without a restart; each mode drafts
     as it says, greedy output is the target's own in every one, and bad changes get OpenAI errors."""

@@ -124,7 +124,7 @@ class Router:
         self.tokenizer = load_tokenizer(tokenizer_dir)
         self.monitor = monitor_handle
         self.worker_handles = worker_handles
-        self.cluster_pressure = 0.0
+        self.other_routers_pressure = 0.0  # the other routers' load, as the monitor last had it
         self.router_id = f"router-{process_tag()}"  # the tag in every sequence id this router makes
         self.loop = RoundLoop(config, self.tokenizer.eos_token_id, pressure_source=lambda: self.cluster_pressure,
                               drafts_configured=drafts_configured)
@@ -133,16 +133,28 @@ class Router:
         self.loop.on_round.append(self.metrics.record_round)
 
     # --------------------------------------------------------------------------------- pressure
+    @property
+    def local_pressure(self) -> float:
+        """This router's load now: sequences running and waiting."""
+        return float(len(self.loop.engine.running) + len(self.loop.engine.waiting))
+
+    @property
+    def cluster_pressure(self) -> float:
+        """The cluster's load as of this round: the other routers' last reports plus this router's own load now.
+        Its own report is up to a reporting period (and a remote call) old; read from the monitor, it lagged a
+        load step by that much, and the gate let a batch that had just passed ``pressure_high`` draft on."""
+        return self.other_routers_pressure + self.local_pressure
+
     async def _pressure_reporter(self) -> None:
         while True:
-            local = float(len(self.loop.engine.running) + len(self.loop.engine.waiting))
+            local = self.local_pressure
             try:
                 view = await self.monitor.report.remote(self.router_id, local)
-                self.cluster_pressure = view.pressure
+                self.other_routers_pressure = max(0.0, view.pressure - view.sources.get(self.router_id, local))
                 self.loop.update_view(view)
             except Exception as error:  # monitor restarting: fall back to our own load and last view
                 logger.warning("cluster monitor unavailable: %s", error)
-                self.cluster_pressure = local
+                self.other_routers_pressure = 0.0
             self.metrics.update_state(self._state())
             await asyncio.sleep(0.2)
 
