@@ -146,9 +146,8 @@ def window_tokens(raw: dict, window_s: float | None) -> tuple[float, float]:
     Locust stops starting requests after ``-t`` and waits for the ones in flight, so the end of a run drains:
     concurrency falls from c to 0, and it falls at different paces per policy: a policy that decodes a batch
     in lockstep (speculation off, equal max_tokens) ends all its requests in one round, one that speculates
-    ends them one by one, running ever smaller batches for up to a request's length. Counted in, that tail
-    is throughput at less than c, charged to speculation (~5–10% at c = 16 here, where a request lasts 2–3 s
-    of a 12 s window)."""
+    ends them one by one, running ever smaller batches for up to a request's length (2–3 s at c = 16 here,
+    of a 12 s window). Counted in, that tail is throughput at less than c."""
     if not raw.get("requests"):
         return 0.0, 0.0
     whole = raw["last_at"] - raw["first_at"]

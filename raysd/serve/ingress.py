@@ -141,8 +141,8 @@ class Router:
     @property
     def cluster_pressure(self) -> float:
         """The cluster's load as of this round: the other routers' last reports plus this router's own load now.
-        Its own report is up to a reporting period (and a remote call) old; read from the monitor, it lagged a
-        load step by that much, and the gate let a batch that had just passed ``pressure_high`` draft on."""
+        Its own report is up to a reporting period (and a remote call) old; read back from the monitor, a load
+        step on this router reached its own gate that much late."""
         return self.other_routers_pressure + self.local_pressure
 
     async def _pressure_reporter(self) -> None:
