@@ -39,9 +39,13 @@ from locust import HttpUser, constant, events, task
 
 MODEL = os.environ.get("RAYSD_MODEL", "raysd-demo")
 MAX_TOKENS = int(os.environ.get("RAYSD_MAX_TOKENS", "64"))
-MAX_TOKENS_SPREAD = float(os.environ.get("RAYSD_MAX_TOKENS_SPREAD", "0"))
+try:
+    MAX_TOKENS_SPREAD = float(os.environ.get("RAYSD_MAX_TOKENS_SPREAD", "0"))
+except ValueError:
+    MAX_TOKENS_SPREAD = -1.0
 if not 0 <= MAX_TOKENS_SPREAD < 1:
-    raise SystemExit(f"RAYSD_MAX_TOKENS_SPREAD must be in [0, 1) (got {MAX_TOKENS_SPREAD})")
+    raise SystemExit(f"RAYSD_MAX_TOKENS_SPREAD must be a number in [0, 1) "
+                     f"(got {os.environ.get('RAYSD_MAX_TOKENS_SPREAD')!r})")
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "bench" / "prompts" / "heldout.jsonl"
 PROMPTS_PATH = Path(os.environ.get("RAYSD_PROMPTS", DEFAULT_PROMPTS))
 DUMP_PATH = os.environ.get("RAYSD_LOCUST_DUMP")

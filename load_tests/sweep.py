@@ -13,7 +13,7 @@ the ratios the claims rest on:
 - on / off at the top concurrency (speculation at high load loses: < 1);
 - TTFT spec / off (speculation does nothing for prefill: ≈ 1.00).
 
-    python load_tests/sweep.py --passes 5 --duration 12   # the recorded sweep (~80 min on 2 cores)
+    python load_tests/sweep.py --passes 5 --duration 12   # the recorded sweep (~90 min on 2 cores)
     python load_tests/sweep.py --quick --out /tmp/s       # smoke run: json only, concurrency 1 and 4, 5 s each
     python load_tests/sweep.py --fingerprint-only         # only the outside observer's verdicts, per policy
     python load_tests/sweep.py --layout per-policy        # a fresh server per policy (the old layout)
@@ -438,6 +438,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--passes must be at least 1 (got {args.passes})")
     if not 0 <= args.max_tokens_spread < 1:
         parser.error(f"--max-tokens-spread must be in [0, 1) (got {args.max_tokens_spread})")
+    if not 0 <= args.max_steal <= 1 or args.steal_retries < 0:
+        parser.error(f"--max-steal must be in [0, 1] and --steal-retries at least 0 (got {args.max_steal}, "
+                     f"{args.steal_retries})")
     args.out.mkdir(parents=True, exist_ok=True)
 
     from tqdm import tqdm
