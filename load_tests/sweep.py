@@ -326,6 +326,11 @@ def _append_csv(path: Path, row: dict) -> None:
         writer.writerow(row)
 
 
+def _warm_up(url: str, workload: str, args, workdir: Path) -> None:
+    """Load not measured: 4 users for 8 s (2 s with ``--quick``), the sweep's request shape."""
+    run_locust(url, workload, 4, 2 if args.quick else 8, args.max_tokens, workdir, args.max_tokens_spread)
+
+
 def set_policy(url: str, policy: str, k: int) -> None:
     """Switch a running server's speculation policy (``PUT /v1/admin/policy``)."""
     response = requests.put(f"{url}/v1/admin/policy", json={**POLICIES[policy], "k": k}, timeout=60)
@@ -346,8 +351,7 @@ def sweep_interleaved(args, workloads, policies, levels, duration, workdir, prog
                 for policy in policies:  # warm-up, not measured
                     progress.set_postfix_str(f"warm-up ({policy}, {workload})")
                     set_policy(server.url, policy, args.k)
-                    run_locust(server.url, workload, 4, 2 if args.quick else 8, args.max_tokens, workdir,
-                               args.max_tokens_spread)
+                    _warm_up(server.url, workload, args, workdir)
             if block == 0:
                 for policy in policies:
                     progress.set_postfix_str(f"fingerprint ({policy})")
@@ -380,8 +384,7 @@ def sweep_per_policy(args, workloads, policies, levels, duration, workdir, progr
             if workload is not None:
                 # warm-up, not measured: the first seconds of a new server run slow for every policy (run 7:
                 # 55-74 tok/s at code c=1 in the first pass, 68-97 in the second)
-                run_locust(server.url, workload, 4, 2 if args.quick else 8, args.max_tokens, workdir,
-                               args.max_tokens_spread)
+                _warm_up(server.url, workload, args, workdir)
             for users in levels:
                 rows.append(_measure(server.url, policy, workload, users, args, duration, workdir, pass_index,
                                      progress))
@@ -442,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--max-steal must be in [0, 1] and --steal-retries at least 0 (got {args.max_steal}, "
                      f"{args.steal_retries})")
     args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "sweep_stolen.csv").unlink(missing_ok=True)  # appended to window by window: this sweep's only
 
     from tqdm import tqdm
 
