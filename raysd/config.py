@@ -66,9 +66,10 @@ class PolicyConfig(_Strict):
     pressure_low: float = Field(default=16, ge=0,
                                 description="Pressure below which speculation turns back on (hysteresis).")
     probe_every: int = Field(default=32, ge=1,
-                             description="A segment held at k=0 for low acceptance re-measures (k=1 for "
-                                         "the row the draft is least behind on) after this many rounds, so it "
-                                         "can recover.")
+                             description="A segment held at k=0 for low acceptance re-measures (a short "
+                                         "draft for the row the draft is least behind on) after at most this "
+                                         "many rounds (sooner where a probe about pays for itself), so it can "
+                                         "recover.")
     cost_decay: float = Field(default=0.98, gt=0, lt=1, description="Forgetting factor of the cost fit.")
     speculate_prefill: bool = Field(default=False,
                                     description="Also draft in a sequence's first round. Off (default): the first "

@@ -188,7 +188,7 @@ class SpecEngine:
             if sequence.finished:
                 finished.append(sequence)
 
-        self.policy.observe_round([s.segment for s in batch], drafted, result.num_accepted)
+        self.policy.observe_round([s.segment for s in batch], drafted, result.num_accepted, decision.reasons)
         if any(drafted):
             self.policy.observe_catchup(sum(behind for behind, k in zip(decision.catchup_tokens, drafted) if k),
                                         proposal.catchup_seconds)

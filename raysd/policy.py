@@ -19,12 +19,13 @@ measurably delivered fewer tokens per second than plain rounds at this batch siz
 Every decision carries a reason: ``opt_out``, ``fixed``, ``warmup``, ``pressure``, ``low_acceptance``
 (k = 0: nothing pays), ``measured_slower`` (k = 0: the model's choice, measured, lost to plain rounds),
 ``measure_plain`` (k = 0 for a few rounds, to re-measure plain rounds while speculating),
-``probe`` (a short draft for one row, to re-measure a segment held at k = 0) or ``adaptive`` (k ≥ 1 chosen by
-the model).
+``probe`` (a short draft for one row, to re-measure a segment held at k = 0; run again the next round while
+each one pays for itself, see ``SpeculationPolicy.observe_round``) or ``adaptive`` (k ≥ 1 chosen by the model).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from raysd.config import PolicyConfig, SpeculationMode
@@ -118,6 +119,8 @@ class SpeculationPolicy:
 
     PROBE_BUDGET = 0.05  # share of throughput probes may cost while the policy holds k = 0
     SWITCH_HORIZON = 8  # fewest rounds a start's catch-up is spread over (see ``switch_cost``)
+    NEAR_FREE_BUDGET = 0.01  # share of throughput probes more often than ``probe_every`` may cost
+    PROBE_CHAIN = 8  # most probes in a row while each pays for itself (see ``observe_round``)
 
     def __init__(self, config: PolicyConfig):
         self.config = config
@@ -131,6 +134,7 @@ class SpeculationPolicy:
         self._goodput_speculating = False  # did the last round the goodput check saw draft?
         self._probes = 0
         self._idle_before: dict[str, int] = {}  # segment → plain rounds before this round's drafts
+        self._probe_chain: dict[str, int] = {}  # segment → probes in a row that paid for themselves
 
     def best_round_k(self, alphas: list[float], k_limits: list[int], num_seqs: int,
                      switch_cost: float = 0.0) -> tuple[int, float]:
@@ -167,10 +171,11 @@ class SpeculationPolicy:
 
         Adaptive mode decides once per round (see ``best_round_k``) from every row's segment acceptance;
         all rows that may speculate get that k. A segment still warming up raises it to ``k`` (reason
-        ``warmup``); a segment held at k = 0 for ``probe_every`` rounds gets a probe (``probe``): ``probe_k`` for
-        its one row the draft is least behind on, so its acceptance stays measured. One row, not all: a draft
-        that sat out k = 0 rounds must first catch up on every token it missed, and doing that for 32 rows
-        every ``probe_every`` rounds cost the served path ~15% of its throughput at k = 0 (sweep run 7).
+        ``warmup``); a segment held at k = 0 for ``probe_every`` rounds (fewer near break-even, see
+        ``probe_interval``) gets a probe (``probe``): ``probe_k`` for its one row the draft is least behind on, so
+        its acceptance stays measured. One row, not all: a draft that sat out k = 0 rounds must first catch up on
+        every token it missed, and doing that for 32 rows every ``probe_every`` rounds cost the served path ~15%
+        of its throughput at k = 0 (sweep run 7).
 
         Starting to draft after plain rounds (not while speculating) pays the catch-up of the rows that would
         draft: ``CatchUpCost`` seconds, spread over the stretch (``switch_cost``), added to the cost of every k ≥ 1.
@@ -207,8 +212,7 @@ class SpeculationPolicy:
                 k_round, reason = 0, "measure_plain"
             warming = {segments[row] for row in eligible
                        if self.acceptance.rounds(segments[row]) < self.config.warmup_rounds}
-            idle = {segments[row] for row in eligible
-                    if self._rounds_without_drafts.get(segments[row], 0) >= self.config.probe_every}
+            idle = self._idle_segments(eligible, segments, limits, catchup_tokens, reason == "low_acceptance")
             if warming and k_round < self.config.k:
                 k_round, reason = self.config.k, "warmup"
             for row, limit in zip(eligible, limits):
@@ -218,6 +222,8 @@ class SpeculationPolicy:
             if idle and k_round == 0:
                 self._probe_one_row_each(idle, eligible, segments, limits, catchup_tokens, ks, reasons)
             for segment in {segments[row] for row in eligible}:
+                if not any(reasons[row] == "probe" for row in eligible if segments[row] == segment):
+                    self._probe_chain.pop(segment, None)  # drafting for real, or no probe: the chain ends
                 if any(ks[row] for row in eligible if segments[row] == segment):
                     self._idle_before[segment] = self._rounds_without_drafts.get(segment, 0)
                     self._rounds_without_drafts[segment] = 0
@@ -238,6 +244,45 @@ class SpeculationPolicy:
         drafted); the draft spent ``seconds`` feeding them (``DraftProposal.catchup_seconds``)."""
         self.catchup.observe(catchup_tokens, seconds)
 
+    def _idle_segments(self, eligible: list[int], segments: list[str], limits: list[int],
+                       catchup_tokens: list[int], model_holds: bool) -> set[str]:
+        """The segments due a probe this round. Sooner than ``probe_every`` (``probe_interval``, and a chain of
+        probes that paid) only where the model itself holds k = 0 (``model_holds``): where the goodput check
+        holds speculation back, or plain rounds are being re-measured, the fitted costs those shortcuts price
+        probes with are what is in doubt."""
+        behind: dict[str, int] = {}  # per segment: what its probe row (least behind, see below) must catch up
+        for row, limit in zip(eligible, limits):
+            if limit > 0:
+                behind[segments[row]] = min(behind.get(segments[row], catchup_tokens[row]), catchup_tokens[row])
+
+        def due(segment: str) -> int:
+            if not model_holds or segment not in behind:
+                return self.config.probe_every
+            return self.probe_interval(self.acceptance.alpha(segment), len(segments), behind[segment])
+        return {segment for segment in {segments[row] for row in eligible}
+                if (model_holds and segment in self._probe_chain)
+                or self._rounds_without_drafts.get(segment, 0) >= due(segment)}
+
+    def probe_interval(self, alpha: float, num_seqs: int, catchup_tokens: int = 0) -> int:
+        """Rounds a segment held at k = 0 (acceptance ``alpha``) waits for its next probe at this batch:
+        ``probe_every``, or fewer where a probe is expected to cost little — its round's fitted cost at the
+        probe's longest length, and its row's draft catching up on ``catchup_tokens``, less the tokens it should
+        bring (one row at ``alpha``, every other row one), in plain rounds, kept within ``NEAR_FREE_BUDGET`` of
+        the rounds between probes.
+
+        Near break-even a probe at batch 1 is a drafting round that about pays for itself, and there one more
+        measurement is the likeliest to change the decision; far below it (prose, or any large batch, where
+        one row's drafts do not pay for the batch's wider verify) probes stay ``probe_every`` apart."""
+        k = self._longest_probe(num_seqs)
+        catchup = self.catchup.predict(catchup_tokens) / self.costs.round_seconds(0, num_seqs)
+        loss = self.costs.round_cost(k, num_seqs) + catchup - (num_seqs - 1 + expected_tokens(alpha, k)) / num_seqs
+        return max(1, min(self.config.probe_every, math.ceil(loss / self.NEAR_FREE_BUDGET)))
+
+    def _longest_probe(self, num_seqs: int) -> int:
+        budget = 1.0 + self.PROBE_BUDGET * self.config.probe_every
+        return max([k for k in range(1, self.config.k + 1) if self.costs.round_cost(k, num_seqs) <= budget],
+                   default=1)
+
     def probe_k(self, num_seqs: int) -> int:
         """The draft length of the next probe at this batch: the longest k ≤ ``k`` whose predicted extra cost
         over a plain round stays within ``PROBE_BUDGET`` of the ``probe_every`` rounds it serves (at least 1),
@@ -248,9 +293,7 @@ class SpeculationPolicy:
         is dear. Two lengths let the cost fit tell what drafting costs once per round (the draft call, a wider
         verify) from what each further token costs; probes at one length left that split to the prior, which
         priced k = 4 at 4.3 plain rounds where it costs 2.4 and held the demo pair at k = 0 at batch 1."""
-        budget = 1.0 + self.PROBE_BUDGET * self.config.probe_every
-        longest = max([k for k in range(1, self.config.k + 1) if self.costs.round_cost(k, num_seqs) <= budget],
-                      default=1)
+        longest = self._longest_probe(num_seqs)
         self._probes += 1
         other = longest // 2 if longest > 1 else 2  # a second length, however dear: the fit needs two
         return longest if self._probes % 2 else min(other, self.config.k)
@@ -299,9 +342,38 @@ class SpeculationPolicy:
             num_seqs = len(drafted)
             self.goodput.observe(num_seqs, speculating, tokens, seconds, self.costs.round_seconds(0, num_seqs))
 
-    def observe_round(self, segments: list[str], drafted: list[int], accepted: list[int]) -> None:
+    def observe_round(self, segments: list[str], drafted: list[int], accepted: list[int],
+                      reasons: list[str] | None = None) -> None:
+        """A finished round's rows: segment, drafted and accepted tokens, and (when known) the reason each
+        row's k was chosen (``Decision.reasons``).
+
+        A probe that paid for itself — its row accepted every draft, and the round (that row's k + 1 tokens,
+        every other row's one) delivered at least a plain round's tokens per unit of the round's fitted cost —
+        is run again the next round, up to ``PROBE_CHAIN`` in a row; any other outcome ends the chain. One probe
+        every ``probe_every`` rounds moves α̂ only a little (a few tokens against the evidence of the drafting
+        rounds before), so a segment held at k = 0 by a bad stretch stayed there through hundreds of rounds of
+        text the draft predicted well (served code at batch 1: probe after probe accepting everything, k = 0
+        for whole requests, adaptive at 0.88 of always-on). At batch 1 such a probe is an ordinary drafting
+        round that pays; at batch 16 one row's drafts do not pay for the batch's wider verify, so no chain."""
+        if reasons is not None:
+            self._extend_probe_chains(segments, drafted, accepted, reasons)
         by_segment: dict[str, list[tuple[int, int]]] = {}
         for segment, num_drafted, num_accepted in zip(segments, drafted, accepted):
             by_segment.setdefault(segment, []).append((num_drafted, num_accepted))
         for segment, rows in by_segment.items():
             self.acceptance.observe_round(segment, rows, 1 + self._idle_before.pop(segment, 0))
+
+    def _extend_probe_chains(self, segments: list[str], drafted: list[int], accepted: list[int],
+                             reasons: list[str]) -> None:
+        """Mark each segment whose probe row paid for itself to be probed again (see ``observe_round``)."""
+        num_seqs = len(segments)
+        for row, reason in enumerate(reasons):
+            if reason != "probe":
+                continue
+            segment, k = segments[row], drafted[row]
+            paid = 0 < k == int(accepted[row]) and num_seqs + k >= num_seqs * self.costs.round_cost(k, num_seqs)
+            chain = self._probe_chain.get(segment, 0) + 1
+            if paid and chain <= self.PROBE_CHAIN:
+                self._probe_chain[segment] = chain
+            else:
+                self._probe_chain.pop(segment, None)

@@ -396,3 +396,90 @@ def test_goodput_memory_counts_rows_so_a_small_batch_averages_over_requests():
         if round_index > 100:
             assert policy.goodput.rate(1, True) > policy.goodput.rate(1, False)  # never swings below plain
     assert policy.goodput.rate(1, True) == pytest.approx(3 * 20 / (19 * 1.5 + 25), rel=0.1)
+
+
+def _served_round_seconds(num_seqs: int, k: int) -> float:
+    """Rounds priced like the served demo pair on 2 CPU cores: at batch 1 a plain round 20 ms, drafting at all
+    15 ms more and each drafted token 3 ms (k = 4 ≈ 2.4 plain rounds); dearer per row as the batch grows."""
+    return 0.020 * (1 + 0.05 * (num_seqs - 1)) + (k > 0) * 0.015 + k * (0.003 + 0.0012 * (num_seqs - 1))
+
+
+def _served_costs_policy(**config) -> SpeculationPolicy:
+    policy = SpeculationPolicy(PolicyConfig(**config))
+    for _ in range(60):
+        for num_seqs in (1, 16):
+            for k in (0, 1, 2, 4):
+                policy.costs.observe_round(num_seqs, k, _served_round_seconds(num_seqs, k))
+    return policy
+
+
+def test_probes_come_sooner_near_break_even_at_batch_1_and_stay_spaced_elsewhere():
+    """A probe that about pays for itself costs nothing to run early, and near break-even it is the likeliest
+    to change the decision; one far below it, or one row's drafts at batch 16, waits ``probe_every``."""
+    policy = _served_costs_policy(probe_every=32)
+    near, far = 0.68, 0.3
+    assert policy.probe_interval(near, 1) <= 4
+    assert policy.probe_interval(far, 1) == 32
+    assert policy.probe_interval(near, 16) == 32 and policy.probe_interval(0.95, 16) == 32
+
+
+def test_a_probe_that_pays_is_run_again_the_next_round_and_a_rejection_ends_it():
+    policy = _served_costs_policy(warmup_rounds=0, probe_every=32)
+    for _ in range(40):  # a bad stretch: the segment is held at k = 0
+        policy.observe_round(["code"], [4], [0])
+    assert policy.acceptance.alpha("code") < 0.2
+
+    def next_round(accept_all: bool) -> str:
+        decision = policy.decide(["code"], [False], [16], pressure=1)
+        k = decision.ks[0]
+        policy.observe_round(["code"], [k], [k if accept_all else 0], decision.reasons)
+        return decision.reasons[0]
+
+    reasons = [next_round(accept_all=False) for _ in range(40)]
+    assert reasons.count("probe") == 1 and set(reasons) == {"low_acceptance", "probe"}  # one per probe_every
+    while next_round(accept_all=True) != "probe":
+        pass
+    chained = [next_round(accept_all=True) for _ in range(3)]
+    assert chained[0] == "probe"  # it paid: probed again at once, not 32 rounds later
+    assert policy.acceptance.alpha("code") > 0.2
+    while next_round(accept_all=False) != "probe":  # a rejection ends the chain
+        pass
+    assert [next_round(accept_all=False) for _ in range(5)] == ["low_acceptance"] * 5
+    # at batch 16 a fully accepted probe row does not pay for the batch's wider verify: no chain
+    policy._probe_chain.clear()
+    policy._extend_probe_chains(["code"] * 16, [2] + [0] * 15, [2] + [0] * 15, ["probe"] + ["low_acceptance"] * 15)
+    assert "code" not in policy._probe_chain
+
+
+def _batch_1_world(policy: SpeculationPolicy, alpha: float, rounds: int, seed: int) -> tuple[float, float]:
+    """Served-like batch-1 rounds at iid acceptance ``alpha``: (share of rounds at k = 0, tokens per plain-round
+    time)."""
+    rng = random.Random(seed)
+    plain_rounds, tokens, seconds = 0, 0, 0.0
+    for _ in range(rounds):
+        decision = policy.decide(["code"], [False], [16], pressure=1)
+        k = decision.ks[0]
+        accepted = 0
+        while accepted < k and rng.random() < alpha:
+            accepted += 1
+        policy.observe_round(["code"], [k], [accepted], decision.reasons)
+        policy.costs.observe_round(1, k, _served_round_seconds(1, k))
+        plain_rounds += k == 0
+        tokens += accepted + 1
+        seconds += _served_round_seconds(1, k)
+    return plain_rounds / rounds, tokens * _served_round_seconds(1, 0) / seconds
+
+
+def test_near_break_even_at_batch_1_a_dip_in_acceptance_does_not_park_speculation_for_long():
+    """Served code at batch 1 (iid α ≈ 0.72, always-on k = 4 ≈ 1.2× plain): α̂ dips below break-even now and
+    then, and with one probe every 32 rounds the policy sat at k = 0 for whole requests (about half the rounds
+    here; adaptive 0.88–0.96 of always-on at served code c = 1 in sweeps 15–18). Probed sooner near break-even,
+    and again at once while probes pay, it is back within a few rounds."""
+    spaced = _served_costs_policy()
+    spaced.NEAR_FREE_BUDGET, spaced.PROBE_CHAIN = 1e-9, 0  # probes only every probe_every rounds, as before
+    spaced_plain, spaced_rate = _batch_1_world(spaced, 0.72, 3000, seed=1)
+    plain, rate = _batch_1_world(_served_costs_policy(), 0.72, 3000, seed=1)
+    assert spaced_plain > 0.4 and plain < 0.25, (spaced_plain, plain)
+    assert rate > spaced_rate
+    prose_plain, prose_rate = _batch_1_world(_served_costs_policy(), 0.36, 3000, seed=1)
+    assert prose_plain > 0.9 and prose_rate > 0.96  # far below break-even: probes stay rare and cheap
