@@ -255,13 +255,17 @@ class SpeculationPolicy:
             if limit > 0:
                 behind[segments[row]] = min(behind.get(segments[row], catchup_tokens[row]), catchup_tokens[row])
 
-        def due(segment: str) -> int:
+        def due(segment: str) -> bool:
+            idle_rounds = self._rounds_without_drafts.get(segment, 0)
+            if idle_rounds >= self.config.probe_every:
+                return True
             if not model_holds or segment not in behind:
-                return self.config.probe_every
-            return self.probe_interval(self.acceptance.alpha(segment), len(segments), behind[segment])
-        return {segment for segment in {segments[row] for row in eligible}
-                if (model_holds and segment in self._probe_chain)
-                or self._rounds_without_drafts.get(segment, 0) >= due(segment)}
+                return False
+            if segment in self._probe_chain:
+                return True
+            return idle_rounds > 0 and idle_rounds >= self.probe_interval(  # 0: drafting, nothing to price
+                self.acceptance.alpha(segment), len(segments), behind[segment])
+        return {segment for segment in {segments[row] for row in eligible} if due(segment)}
 
     def probe_interval(self, alpha: float, num_seqs: int, catchup_tokens: int = 0) -> int:
         """Rounds a segment held at k = 0 (acceptance ``alpha``) waits for its next probe at this batch:
