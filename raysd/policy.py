@@ -250,7 +250,7 @@ class SpeculationPolicy:
         probes that paid) only where the model itself holds k = 0 (``model_holds``): where the goodput check
         holds speculation back, or plain rounds are being re-measured, the fitted costs those shortcuts price
         probes with are what is in doubt."""
-        behind: dict[str, int] = {}  # per segment: what its probe row (least behind, see below) must catch up
+        behind: dict[str, int] = {}  # per segment: what its probe row (the least behind) must catch up
         for row, limit in zip(eligible, limits):
             if limit > 0:
                 behind[segments[row]] = min(behind.get(segments[row], catchup_tokens[row]), catchup_tokens[row])
