@@ -9,7 +9,8 @@ drain that follows it (see ``window_tokens``). A window the hypervisor took CPU 
 ``steal_share``). It writes ``sweep.csv`` and PNG plots into ``--out`` and prints
 the ratios the claims rest on:
 
-- adaptive / max(off, on) at each concurrency (goal ≥ 0.95 everywhere);
+- adaptive / max(off, on) at each concurrency (goal ≥ 0.95 everywhere), with ``--passes`` ≥ 2 a 90% interval
+  from resampling the passes (``intervals.py``: how much of a shortfall the machine's scatter explains);
 - on / off at the top concurrency (speculation at high load loses: < 1);
 - TTFT spec / off (speculation does nothing for prefill: ≈ 1.00).
 
@@ -271,6 +272,10 @@ def markdown_summary(rows: list[dict], figures: dict) -> str:
             values = figure[key]
             lines.append(f"| {label} | " + " | ".join(f"{values[c]:.2f}" if c in values else "" for c in levels)
                          + " |")
+            spread = figure.get(f"{key}_interval") or {}
+            if spread:
+                lines.append("| 90% interval (passes resampled) | " + " | ".join(
+                    "{:.2f}–{:.2f}".format(*spread[c]) if c in spread else "" for c in levels) + " |")
         for policy in ("on", "adaptive"):
             cells = [table.get((policy, workload, c)) for c in levels]
             if any(cells):
@@ -449,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from tqdm import tqdm
 
+    from load_tests.intervals import ratio_intervals
     from load_tests.plots import plot_all
 
     if args.fingerprint_only:
@@ -465,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"tokens/chunk, near-zero gaps {figures['near_zero_share']:.0%}, gap CV {figures['gap_cv']:.2f})")
     if args.fingerprint_only:
         return 0
+    intervals = ratio_intervals(rows) if args.passes > 1 else {}
     if args.passes > 1:
         with open(args.out / "sweep_passes.csv", "w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=["pass"] + COLUMNS)
@@ -476,11 +483,15 @@ def main(argv: list[str] | None = None) -> int:
         writer.writeheader()
         writer.writerows(rows)
     figures = ratios(rows)
+    for workload, figure in figures.items():  # how sure each ratio is (passes resampled; see intervals.py)
+        figure["adaptive_vs_best_interval"] = intervals.get(workload, {})
     (args.out / "ratios.json").write_text(json.dumps(figures, indent=2))
     (args.out / "summary.md").write_text(markdown_summary(rows, figures))
     plots = plot_all(rows, args.out)
     for workload, figure in figures.items():
-        best = ", ".join(f"c={c}: {v:.2f}" for c, v in figure["adaptive_vs_best"].items())
+        spread = figure["adaptive_vs_best_interval"]
+        best = ", ".join(f"c={c}: {v:.2f}" + (" [{:.2f}, {:.2f}]".format(*spread[c]) if c in spread else "")
+                         for c, v in figure["adaptive_vs_best"].items())
         ttft = ", ".join(f"c={c}: {v:.2f}" for c, v in figure["ttft_on_vs_off"].items())
         on_off = figure["on_vs_off_at_top"]
         print(f"[{workload}] adaptive / max(off, on): {best}")

@@ -246,3 +246,65 @@ def test_a_window_the_hypervisor_stole_cpu_from_is_run_again_and_the_cleaner_run
     assert row["requests"] == 6 and row["steal_share"] == 0.0 and row["runs"] == 2
     stolen = list(csv.DictReader(open(tmp_path / "sweep_stolen.csv")))
     assert len(stolen) == 1 and stolen[0]["requests"] == "4" and float(stolen[0]["steal_share"]) == 0.1
+
+
+def _pass_rows(ratios_by_pass: list[tuple[float, float]], workload="json", users=8):
+    """sweep_passes.csv rows: per pass, on at 100 tok/s over 12 s, off and adaptive at the given multiples."""
+    rows = []
+    for index, (off_share, adaptive_share) in enumerate(ratios_by_pass, start=1):
+        for policy, share in (("off", off_share), ("on", 1.0), ("adaptive", adaptive_share)):
+            rows.append({"pass": str(index), "policy": policy, "workload": workload, "concurrency": str(users),
+                         "window_tokens": str(1200 * share), "window_seconds": "12"})
+    return rows
+
+
+def test_a_ratio_the_passes_agree_on_has_no_spread_and_a_scattered_one_an_interval_around_it():
+    """intervals.py: passes that all read adaptive = 0.9 of on give [0.9, 0.9]; passes that scatter give an
+    interval that holds the pooled ratio, is wider the more they scatter, and is the same for the same seed."""
+    from load_tests.intervals import adaptive_vs_best, ratio_intervals
+
+    steady = ratio_intervals(_pass_rows([(0.5, 0.9)] * 5))
+    low, high = steady["json"][8]
+    assert abs(low - 0.9) < 1e-12 and abs(high - 0.9) < 1e-12
+
+    scattered_rows = _pass_rows([(0.5, 0.85), (0.5, 1.0), (0.5, 0.95), (0.5, 0.9), (0.5, 1.05)])
+    wilder_rows = _pass_rows([(0.5, 0.7), (0.5, 1.2), (0.5, 0.95), (0.5, 0.8), (0.5, 1.1)])
+    low, high = ratio_intervals(scattered_rows)["json"][8]
+    pooled = adaptive_vs_best([{"off": (600.0, 12.0), "on": (1200.0, 12.0), "adaptive": (1200.0 * share, 12.0)}
+                               for share in (0.85, 1.0, 0.95, 0.9, 1.05)])
+    assert low < pooled < high and 0.85 <= low and high <= 1.05
+    wild_low, wild_high = ratio_intervals(wilder_rows)["json"][8]
+    assert wild_high - wild_low > high - low
+    assert ratio_intervals(scattered_rows, seed=3) == ratio_intervals(scattered_rows, seed=3)
+
+
+def test_the_best_fixed_policy_is_chosen_per_resample_and_incomplete_passes_are_left_out():
+    """Where off beats on the ratio is read against off; a pass missing a policy's window is dropped, and a
+    point left with one complete pass has no interval (a single pass has no spread)."""
+    from load_tests.intervals import ratio_intervals
+
+    off_best = ratio_intervals(_pass_rows([(1.25, 1.0)] * 3))["json"][8]
+    assert abs(off_best[0] - 0.8) < 1e-12 and abs(off_best[1] - 0.8) < 1e-12
+    rows = _pass_rows([(0.5, 0.9), (0.5, 0.9)], users=4) + _pass_rows([(0.5, 0.9), (0.5, 1.0)], users=2)
+    rows = [r for r in rows if not (r["concurrency"] == "4" and r["pass"] == "2" and r["policy"] == "on")]
+    intervals = ratio_intervals(rows)["json"]
+    assert 4 not in intervals and set(intervals) == {2}
+    with pytest.raises(ValueError, match="confidence"):
+        ratio_intervals(rows, confidence=1.5)
+
+
+def test_the_summary_table_shows_each_ratio_with_its_interval():
+    from load_tests.intervals import ratio_intervals
+    from load_tests.sweep import COLUMNS, markdown_summary, merge_passes, ratios
+
+    pass_rows = [{**dict.fromkeys(COLUMNS), **row, "requests": 1, "failures": 0, "output_tokens": 1, "seconds": 12,
+                  "window_tokens": float(row["window_tokens"]), "window_seconds": 12.0, "concurrency": 8}
+                 for row in _pass_rows([(0.5, 0.85), (0.5, 1.0), (0.5, 0.95)])]
+    for row in pass_rows:
+        row["tokens_per_s"] = row["window_tokens"] / 12.0
+    figures = ratios(merge_passes(pass_rows))
+    low, high = ratio_intervals(pass_rows)["json"][8]
+    figures["json"]["adaptive_vs_best_interval"] = {8: (low, high)}
+    table = markdown_summary(merge_passes(pass_rows), figures)
+    assert "| adaptive / max(off, on) | 0.93 |" in table
+    assert f"| 90% interval (passes resampled) | {low:.2f}–{high:.2f} |" in table
