@@ -11,6 +11,10 @@ With five passes the intervals are a floor on the uncertainty, not a bound: a re
 recombine the five windows there are (drift between passes beyond them is not seen).
 
     python load_tests/intervals.py bench/results/sweep_run19     # any sweep written with --passes ≥ 2
+    python load_tests/intervals.py bench/results/sweep_run{19,20,21}   # sweeps of one policy, passes pooled
+
+Several folders pool their passes (each sweep's passes kept apart): sweeps of the same code read together, the
+best estimate of each point's ratio there is; it is not the one-sweep reading the issue's goal is set on.
 """
 
 from __future__ import annotations
@@ -64,18 +68,32 @@ def ratio_intervals(pass_rows: list[dict], confidence: float = 0.9, resamples: i
     return result
 
 
+def read_passes(folders: list[Path]) -> list[dict]:
+    """The ``sweep_passes.csv`` rows of ``folders``, their passes renumbered so that no two sweeps share one
+    (folder i's pass p becomes ``i * 1000 + p``). Raises ``FileNotFoundError`` naming a folder without one."""
+    rows = []
+    for index, folder in enumerate(folders):
+        passes_csv = folder / "sweep_passes.csv"
+        if not passes_csv.exists():
+            raise FileNotFoundError(f"{passes_csv} not found: intervals need a sweep run with --passes 2 or more")
+        with open(passes_csv) as handle:
+            rows += [{**row, "pass": index * 1000 + int(row["pass"])} for row in csv.DictReader(handle)]
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("results", type=Path, help="a sweep's --out folder (holds sweep_passes.csv)")
+    parser.add_argument("results", type=Path, nargs="+",
+                        help="a sweep's --out folder (holds sweep_passes.csv); several: their passes pooled")
     parser.add_argument("--confidence", type=float, default=0.9)
     parser.add_argument("--goal", type=float, default=0.95, help="the bar each point's ratio is read against")
     args = parser.parse_args(argv)
     if not 0 < args.confidence < 1:
         parser.error(f"--confidence must be in (0, 1), e.g. 0.9 (got {args.confidence})")
-    passes_csv = args.results / "sweep_passes.csv"
-    if not passes_csv.exists():
-        parser.error(f"{passes_csv} not found: intervals need a sweep run with --passes 2 or more")
-    rows = list(csv.DictReader(open(passes_csv)))
+    try:
+        rows = read_passes(args.results)
+    except FileNotFoundError as error:
+        parser.error(str(error))
     points = _windows_by_point(rows)
     below, undecided = 0, 0
     for workload, intervals in ratio_intervals(rows, args.confidence).items():

@@ -293,6 +293,32 @@ def test_the_best_fixed_policy_is_chosen_per_resample_and_incomplete_passes_are_
         ratio_intervals(rows, confidence=1.5)
 
 
+def test_several_sweeps_pool_their_passes_without_mixing_them_up(tmp_path, capsys):
+    """intervals.py over several folders: each sweep's pass 1 stays its own pass (two one-pass sweeps give a
+    point an interval neither has alone, spanning both readings); a folder without sweep_passes.csv is a usage
+    error naming it."""
+    from load_tests.intervals import main, ratio_intervals, read_passes
+
+    for name, share in (("run_a", 0.9), ("run_b", 1.0)):
+        (tmp_path / name).mkdir()
+        rows = _pass_rows([(0.5, share)])
+        with open(tmp_path / name / "sweep_passes.csv", "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    folders = [tmp_path / "run_a", tmp_path / "run_b"]
+    assert ratio_intervals(read_passes(folders[:1])) == {}
+    pooled = read_passes(folders)
+    assert sorted({row["pass"] for row in pooled}) == [1, 1001]
+    low, high = ratio_intervals(pooled)["json"][8]
+    assert abs(low - 0.9) < 1e-9 and abs(high - 1.0) < 1e-9
+    assert main([str(folder) for folder in folders]) == 0
+    assert "c=8: 0.95 [0.90, 1.00]" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as error:
+        main([str(tmp_path / "run_a"), str(tmp_path / "missing")])
+    assert error.value.code == 2 and "missing/sweep_passes.csv not found" in capsys.readouterr().err
+
+
 def test_the_summary_table_shows_each_ratio_with_its_interval():
     from load_tests.intervals import ratio_intervals
     from load_tests.sweep import COLUMNS, markdown_summary, merge_passes, ratios
