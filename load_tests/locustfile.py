@@ -18,10 +18,11 @@ Settings (environment): RAYSD_MODEL (default raysd-demo), RAYSD_MAX_TOKENS (64),
 RAYSD_MAX_TOKENS × [1 − r, 1 + r]; see ``max_tokens_for``), RAYSD_PROMPTS (a JSONL
 path), RAYSD_PROMPT_ORDER (``cycle``, the default, or ``random``: draw each prompt at random),
 RAYSD_REQUEST_TIMEOUT (seconds without a byte before a request counts as hung, default 120),
-RAYSD_LOCUST_DUMP (write raw per-chunk timings, token counts, speculation stats and failure reasons to this
-JSON file when the run stops — the sweep and chaos scripts read it; arrival times are ``time.perf_counter()``
-of the Locust process, each chunk's tokens the mean of its request's chunks), RAYSD_RECORD_OUTPUTS=1 (ask for
-``return_token_ids``, a vLLM/raysd extension, and keep each completed request's prompt and token ids).
+RAYSD_LOCUST_DUMP (write raw per-chunk timings, token counts, speculation stats — rounds per policy reason
+summed over requests too — and failure reasons to this JSON file when the run stops; the sweep and chaos
+scripts read it; arrival times are ``time.perf_counter()`` of the Locust process, each chunk's tokens the mean
+of its request's chunks), RAYSD_RECORD_OUTPUTS=1 (ask for ``return_token_ids``, a vLLM/raysd extension, and
+keep each completed request's prompt and token ids).
 
 Run Locust as its own process: importing it into a process that already imported ray/torch breaks gevent.
 """
@@ -79,7 +80,7 @@ def _raw(workload: str) -> dict:
                                      "failures": 0, "output_tokens": 0, "latency_s": [], "num_draft_tokens": 0,
                                      "num_accepted_draft_tokens": 0, "first_at": None, "last_at": None,
                                      "failure_reasons": [], "failure_at": [], "outputs": [], "chunk_at": [],
-                                     "chunk_tokens": []})
+                                     "chunk_tokens": [], "rounds_by_reason": {}})
 
 
 @events.test_stop.add_listener
@@ -176,6 +177,8 @@ class _StreamingUser(HttpUser):
         if speculation:
             raw["num_draft_tokens"] += speculation.get("num_draft_tokens") or 0
             raw["num_accepted_draft_tokens"] += speculation.get("num_accepted_draft_tokens") or 0
+            for reason, rounds in (speculation.get("rounds_by_reason") or {}).items():
+                raw["rounds_by_reason"][reason] = raw["rounds_by_reason"].get(reason, 0) + rounds
 
 
 class CodeUser(_StreamingUser):

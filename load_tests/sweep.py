@@ -56,7 +56,8 @@ USER_CLASS = {"code": "CodeUser", "json": "JsonUser", "prose": "ProseUser"}
 POLICIES = {"off": {"mode": "off"}, "on": {"mode": "on"}, "adaptive": {"mode": "adaptive"}}
 COLUMNS = ["policy", "workload", "concurrency", "requests", "failures", "output_tokens", "seconds",
            "window_tokens", "window_seconds", "tokens_per_s", "latency_p50_s", "latency_p95_s", "ttft_p50_s",
-           "ttft_p95_s", "itl_p50_s", "itl_p95_s", "tokens_per_chunk", "acceptance_rate", "steal_share", "runs"]
+           "ttft_p95_s", "itl_p50_s", "itl_p95_s", "tokens_per_chunk", "acceptance_rate", "steal_share", "runs",
+           "round_reasons"]  # the last: JSON, the policy's reason → rounds (``round_reasons.py``)
 
 
 def _free_port() -> int:
@@ -187,6 +188,8 @@ def window_tokens(raw: dict, window_s: float | None) -> tuple[float, float]:
 
 def summarise(policy: str, workload: str, users: int, raw: dict, window_s: float | None = None) -> dict:
     """One window's row of ``sweep_passes.csv``; ``tokens_per_s`` is over the window (``window_tokens``)."""
+    from load_tests import round_reasons  # (imports of the repo's modules wait for main's sys.path)
+
     seconds = (raw["last_at"] - raw["first_at"]) if raw.get("requests") else 0.0
     drafted = raw.get("num_draft_tokens", 0)
     tokens, window_seconds = window_tokens(raw, window_s)
@@ -201,13 +204,16 @@ def summarise(policy: str, workload: str, users: int, raw: dict, window_s: float
         "itl_p50_s": _percentile(raw.get("gaps_s", []), 0.5), "itl_p95_s": _percentile(raw.get("gaps_s", []), 0.95),
         "tokens_per_chunk": statistics.fmean(raw["tokens_per_chunk"]) if raw.get("tokens_per_chunk") else None,
         "acceptance_rate": raw.get("num_accepted_draft_tokens", 0) / drafted if drafted else None,
+        "round_reasons": round_reasons.encode(raw.get("rounds_by_reason")),
     }
 
 
 def merge_passes(rows: list[dict]) -> list[dict]:
     """One row per (policy, workload, concurrency) from several passes' rows: counts, tokens and seconds are
     summed (so tokens/s is over all passes' windows); percentiles, tokens/chunk and acceptance are the mean of
-    the passes' values (approximate for percentiles)."""
+    the passes' values (approximate for percentiles); the policy's round reasons are summed."""
+    from load_tests import round_reasons
+
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         groups.setdefault((row["policy"], row["workload"], row["concurrency"]), []).append(row)
@@ -217,9 +223,10 @@ def merge_passes(rows: list[dict]) -> list[dict]:
         for key in ("requests", "failures", "output_tokens", "seconds", "window_tokens", "window_seconds"):
             row[key] = sum(r[key] for r in group)
         row["tokens_per_s"] = row["window_tokens"] / row["window_seconds"] if row["window_seconds"] else 0.0
-        for key in COLUMNS[COLUMNS.index("tokens_per_s") + 1:]:
+        for key in COLUMNS[COLUMNS.index("tokens_per_s") + 1:COLUMNS.index("round_reasons")]:
             values = [r[key] for r in group if r[key] is not None]
             row[key] = statistics.fmean(values) if values else None
+        row["round_reasons"] = round_reasons.merge([r.get("round_reasons") for r in group])
         merged.append(row)
     return merged
 
@@ -255,7 +262,10 @@ def ratios(rows: list[dict]) -> dict:
 
 
 def markdown_summary(rows: list[dict], figures: dict) -> str:
-    """Tables for docs: output tokens/s per policy and concurrency, the ratios, TTFT and acceptance."""
+    """Tables for docs: output tokens/s per policy and concurrency, the ratios, TTFT, acceptance, tokens per chunk
+    and why adaptive's rounds drafted or not (``round_reasons.py``)."""
+    from load_tests import round_reasons
+
     levels = sorted({r["concurrency"] for r in rows})
     table = {(r["policy"], r["workload"], r["concurrency"]): r for r in rows}
     lines = []
@@ -287,6 +297,9 @@ def markdown_summary(rows: list[dict], figures: dict) -> str:
             if any(cells):
                 lines.append(f"| {policy} tokens/chunk | " + " | ".join(
                     f"{r['tokens_per_chunk']:.2f}" if r and r["tokens_per_chunk"] else "" for r in cells) + " |")
+        cells = [table.get(("adaptive", workload, c)) for c in levels]
+        if any(cell and cell.get("round_reasons") for cell in cells):
+            lines.append(round_reasons.markdown_row("adaptive", [cell and cell.get("round_reasons") for cell in cells]))
         lines.append("")
     return "\n".join(lines)
 

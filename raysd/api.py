@@ -100,7 +100,9 @@ class Usage(BaseModel):
 
 
 class SpeculationStats(BaseModel):
-    """Per-request speculation figures, vLLM's names, plus the policy's last reason."""
+    """Per-request speculation figures, vLLM's names, plus the policy's reasons: the last round's, and how many of
+    the request's rounds each reason decided (``prefill``, ``adaptive``, ``low_acceptance``, ``measured_slower``,
+    ``pressure``, ``probe``, ... — see ``raysd.policy``), which says why a request did or did not speculate."""
 
     num_draft_tokens: int
     num_accepted_draft_tokens: int
@@ -109,6 +111,7 @@ class SpeculationStats(BaseModel):
     num_spec_steps: int
     num_rounds: int
     policy_reason: str
+    rounds_by_reason: dict[str, int] = Field(default_factory=dict)
     segment: str
 
 

@@ -38,10 +38,12 @@ class SequenceStats:
     accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     last_reason: str = ""
+    rounds_by_reason: dict[str, int] = field(default_factory=dict)  # the policy's reason → rounds it decided
 
     def record_round(self, reason: str, drafted: int, accepted: int) -> None:
         self.rounds += 1
         self.last_reason = reason
+        self.rounds_by_reason[reason] = self.rounds_by_reason.get(reason, 0) + 1
         if drafted > 0:
             self.spec_rounds += 1
             self.drafted_tokens += drafted

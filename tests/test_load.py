@@ -71,6 +71,18 @@ def test_sweep_quick_mode_writes_csv_plots_and_ratios(tmp_path):
     assert all(int(r["failures"]) == 0 and float(r["tokens_per_s"]) > 0 for r in rows)
     assert all(r["acceptance_rate"] == "" for r in rows if r["policy"] == "off")
     assert all(float(r["acceptance_rate"]) > 0 for r in rows if r["policy"] == "on")
+    # why each window's rounds drafted, counted by the server per request: off never drafts, on drafts every
+    # decoding round, and every request's first round is its prefill
+    for row in rows:
+        counts = json.loads(row["round_reasons"])
+        if row["policy"] == "off":
+            assert set(counts) == {"off"}, counts
+        else:
+            assert counts["prefill"] == int(row["requests"]), (row["requests"], counts)
+        if row["policy"] == "on":
+            assert set(counts) == {"prefill", "fixed"}, counts
+    summary = (out / "summary.md").read_text()
+    assert "| adaptive rounds, %: drafting / low acceptance / measured slower / gate |" in summary
     for name in ("throughput", "latency", "ttft_ratio", "acceptance", "itl_hist"):
         assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     ratios = json.loads((out / "ratios.json").read_text())["json"]
@@ -194,6 +206,27 @@ def test_sweep_passes_merge_into_one_point_over_both_windows():
     assert merged["on"]["tokens_per_s"] == 2000 / 40.0 and merged["on"]["requests"] == 20
     assert merged["on"]["latency_p50_s"] == 2.0 and abs(merged["on"]["acceptance_rate"] - 0.5) < 1e-9
     assert merged["off"]["acceptance_rate"] is None and merged["off"]["tokens_per_s"] == 90.0
+
+
+def test_round_reasons_sum_over_passes_and_read_as_shares_of_decoding_rounds():
+    """A window's policy reasons (rounds per reason, from the responses) are summed when passes merge, and the
+    summary reads them as shares of the decoding rounds: prefills never draft and are left out."""
+    from load_tests import round_reasons
+    from load_tests.sweep import COLUMNS, merge_passes
+
+    def row(counts):
+        return {**dict.fromkeys(COLUMNS), "policy": "adaptive", "workload": "prose", "concurrency": 1,
+                "requests": 2, "failures": 0, "output_tokens": 64, "seconds": 12.0, "window_tokens": 64.0,
+                "window_seconds": 12.0, "round_reasons": round_reasons.encode(counts)}
+
+    merged = merge_passes([row({"prefill": 2, "adaptive": 10, "low_acceptance": 20}),
+                           row({"prefill": 2, "measured_slower": 6, "probe": 2}), row({})])
+    counts = round_reasons.decode(merged[0]["round_reasons"])
+    assert counts == {"prefill": 4, "adaptive": 10, "low_acceptance": 20, "measured_slower": 6, "probe": 2}
+    shares = round_reasons.decoding_shares(counts)
+    assert shares == {"drafting": 12 / 38, "low acceptance": 20 / 38, "measured slower": 6 / 38, "gate": 0.0}
+    assert round_reasons.markdown_row("adaptive", [counts, None]).endswith("| 32 / 53 / 16 / 0 | – |")
+    assert round_reasons.decoding_shares({"prefill": 3}) is None and round_reasons.encode({}) is None
 
 
 def test_throughput_is_counted_while_all_users_run_not_over_the_drain():

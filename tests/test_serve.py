@@ -67,6 +67,8 @@ def test_greedy_completions_are_token_identical_to_target_only(server, reference
         assert choice["token_ids"] == expected
         assert body["usage"]["completion_tokens"] == 40
         assert body["speculation"]["num_rounds"] >= 1 and "policy_reason" in body["speculation"]
+        by_reason = body["speculation"]["rounds_by_reason"]  # why each round drafted or not: every round counted once
+        assert sum(by_reason.values()) == body["speculation"]["num_rounds"] and by_reason["prefill"] == 1
     stats = _complete(server, prompt=PROMPTS[0], metadata={"workload": "json"}).json()["speculation"]
     assert stats["segment"] == f"completions:{MODEL}:json"
     assert stats["num_draft_tokens"] > 0  # speculation really ran through the draft worker
@@ -152,6 +154,7 @@ def test_cluster_pressure_turns_speculation_off_and_back_on(server):
         time.sleep(1.0)  # routers refresh the cluster figure every 0.2 s
         stats = _complete(server, prompt=PROMPTS[0], max_tokens=16).json()["speculation"]
         assert stats["num_draft_tokens"] == 0 and stats["policy_reason"] == "pressure"
+        assert stats["rounds_by_reason"] == {"prefill": 1, "pressure": stats["num_rounds"] - 1}
         assert requests.get(f"{server}/health", timeout=30).json()["reason"] == "pressure"
     finally:
         stop.set()

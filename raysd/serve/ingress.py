@@ -267,7 +267,7 @@ class Router:
             num_draft_tokens=stats.drafted_tokens, num_accepted_draft_tokens=stats.accepted_tokens,
             draft_acceptance_rate=stats.acceptance_rate, mean_acceptance_length=stats.mean_acceptance_length,
             num_spec_steps=stats.spec_rounds, num_rounds=stats.rounds, policy_reason=stats.last_reason,
-            segment=stream.sequence.segment)
+            rounds_by_reason=dict(stats.rounds_by_reason), segment=stream.sequence.segment)
 
     async def _respond(self, parsed, prompt_ids: list[int], max_tokens: int | None, route: str, chat: bool,
                        request: Request, started: float):
