@@ -40,6 +40,8 @@ class _SegmentAcceptance:
     successes: float = 0.0  # EMA-weighted accepted draft tokens
     trials: float = 0.0  # EMA-weighted accepted tokens + rejections
     rounds: int = 0
+    long_successes: float = 0.0  # the same over the long run (``AcceptanceTracker.LONG_DECAY``)
+    long_trials: float = 0.0
 
 
 class AcceptanceTracker:
@@ -54,9 +56,21 @@ class AcceptanceTracker:
     one of ~20 (α̂ stayed where it was when drafting stopped, and a segment held at k = 0 by a bad stretch
     stayed there through text the draft predicts well). Not faster: each probe is one row and a few tokens,
     and α̂ would then swing with each one toward the prior.
+
+    Two timescales: the recent estimate is shrunk towards the segment's long-run acceptance (an EMA over
+    ~200 drafting rounds, ``LONG_DECAY``) with the weight of ``SHRINK_TRIALS`` trials, not towards a fixed 0.5.
+    At batch 1 the recent EMA holds only ~70 trials (a few tokens a round), and text moves it far more than
+    sampling would: served code read α̂ 0.62–0.93 after windows of the same prompts, around a long-run ≈ 0.75,
+    against a start threshold ≈ 0.65. Each dip below stopped drafting, and as the evidence aged while held at
+    k = 0 α̂ drifted towards 0.5, below the threshold, so only probes could lift it: code drafted in 45% of
+    batch-1 rounds where always-on paid 1.26× plain. Anchored at the long run, ageing brings α̂ back to what
+    the segment usually does (code: drafting again; prose, long-run below break-even: still not). At large
+    batches a round brings ~100 trials and the anchor weighs next to nothing.
     """
 
     IDLE_AGEING = 0.25
+    LONG_DECAY = 0.995  # per drafting round of the segment
+    SHRINK_TRIALS = 20.0
 
     def __init__(self, ema_decay: float, prior_alpha: float = 0.5, prior_weight: float = 2.0):
         self.ema_decay = ema_decay
@@ -76,14 +90,25 @@ class AcceptanceTracker:
             return
         state = self.segments.setdefault(segment, _SegmentAcceptance())
         decay = self.ema_decay ** (1 + self.IDLE_AGEING * max(0, elapsed_rounds - 1))
-        state.successes = decay * state.successes + sum(accepted for _, accepted in rows)
-        state.trials = decay * state.trials + sum(accepted + (1 if accepted < drafted else 0)
-                                                  for drafted, accepted in rows)
+        successes = sum(accepted for _, accepted in rows)
+        trials = sum(accepted + (1 if accepted < drafted else 0) for drafted, accepted in rows)
+        state.successes = decay * state.successes + successes
+        state.trials = decay * state.trials + trials
+        state.long_successes = self.LONG_DECAY * state.long_successes + successes
+        state.long_trials = self.LONG_DECAY * state.long_trials + trials
         state.rounds += 1
 
     def alpha(self, segment: str) -> float:
+        """The recent α̂, shrunk towards ``long_run_alpha`` (see the class docstring)."""
         state = self.segments.get(segment, _SegmentAcceptance())
-        return (state.successes + self.prior_alpha * self.prior_weight) / (state.trials + self.prior_weight)
+        return ((state.successes + self.SHRINK_TRIALS * self.long_run_alpha(segment))
+                / (state.trials + self.SHRINK_TRIALS))
+
+    def long_run_alpha(self, segment: str) -> float:
+        """α̂ over the segment's last ~200 drafting rounds (the prior, ``prior_alpha``, before any)."""
+        state = self.segments.get(segment, _SegmentAcceptance())
+        return ((state.long_successes + self.prior_alpha * self.prior_weight)
+                / (state.long_trials + self.prior_weight))
 
     def rounds(self, segment: str) -> int:
         return self.segments.get(segment, _SegmentAcceptance()).rounds
@@ -319,6 +344,7 @@ class SpeculationPolicy:
         num_seqs = max(num_seqs, 1)
         return {
             "segments": {segment: {"alpha": round(self.acceptance.alpha(segment), 4),
+                                   "alpha_long_run": round(self.acceptance.long_run_alpha(segment), 4),
                                    "rounds": self.acceptance.rounds(segment)}
                          for segment in self.acceptance.segments},
             "cost": {"batch": num_seqs,

@@ -10,6 +10,7 @@ from raysd.models import (
     DEMO_DIR,
     DEMO_DRAFT,
     DEMO_TARGET,
+    REPO_ROOT,
     ModelDirError,
     TokenizerMismatchError,
     check_tokenizer_compatibility,
@@ -101,3 +102,25 @@ def test_strip_rst_keeps_prose_and_drops_markup():
     assert "Use len and x here, see docs." in text
     assert "hidden directive" not in text and "code block" not in text and "=====" not in text
     assert text.endswith("After.")
+
+
+def test_recorded_agreement_traces_are_what_the_shipped_pair_does():
+    """``tests/data/demo_agreement.json`` (the policy tests replay it) matches the demo pair as shipped: the
+    first prompt of each workload, decoded again, agrees with the draft at the recorded positions. Retrain
+    the pair and this fails until ``python bench/agreement_traces.py --out tests/data/demo_agreement.json``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("agreement_traces", REPO_ROOT / "bench" / "agreement_traces.py")
+    traces_module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(traces_module)
+    recorded = json.loads((REPO_ROOT / "tests" / "data" / "demo_agreement.json").read_text())
+    records = [json.loads(line) for line in (REPO_ROOT / recorded["prompts"]).read_text().splitlines()]
+    target, draft = load_causal_lm(DEMO_TARGET), load_causal_lm(DEMO_DRAFT)
+    tokenizer = load_tokenizer(DEMO_TARGET)
+    for workload in ("code", "json", "prose"):
+        prompt = next(record["prompt"] for record in records if record["workload"] == workload)
+        prompt_ids = tokenizer(prompt, return_tensors="pt").input_ids
+        again = traces_module.agreement(target, draft, prompt_ids, recorded["max_tokens"],
+                                        tokenizer.eos_token_id or 0)
+        assert again == recorded["agreement"][workload][0]
+        assert 0 < sum(again) < len(again)  # a real pattern, neither all agreement nor none
