@@ -65,11 +65,17 @@ class PolicyConfig(_Strict):
                                              "stops paying near 32; set it from a sweep on your hardware.")
     pressure_low: float = Field(default=16, ge=0,
                                 description="Pressure below which speculation turns back on (hysteresis).")
+    pressure_reopen_s: float = Field(default=0.5, ge=0,
+                                     description="Seconds pressure must have stayed below pressure_low before "
+                                                 "speculation turns back on. Finished requests replaced by new "
+                                                 "ones dip the load for a round; reopening there makes the draft "
+                                                 "catch up on every row for a round or two of drafting.")
     probe_every: int = Field(default=32, ge=1,
                              description="A segment held at k=0 for low acceptance re-measures (a short "
-                                         "draft for the row the draft is least behind on) after at most this "
-                                         "many rounds (sooner where a probe about pays for itself), so it can "
-                                         "recover.")
+                                         "draft for the row the draft is least behind on) every this many "
+                                         "rounds, so it can recover: sooner where a probe about pays for "
+                                         "itself, later where one would cost more than 2% of the rounds "
+                                         "between (one row's drafts widen a big batch's verify).")
     cost_decay: float = Field(default=0.98, gt=0, lt=1, description="Forgetting factor of the cost fit.")
     speculate_prefill: bool = Field(default=False,
                                     description="Also draft in a sequence's first round. Off (default): the first "

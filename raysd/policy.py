@@ -7,7 +7,8 @@ With α the per-token acceptance of a segment, a round drafting k tokens emits i
 {0..k_max} maximising expected tokens per unit of cost and speculates only when that beats plain decoding
 (k = 0, value 1) by ``min_gain``; starting after plain rounds also pays for the draft catching up on what it
 missed (``CatchUpCost``), spread over the stretch it should serve. A pressure gate with hysteresis turns
-speculation off for everyone above ``pressure_high`` and back on below ``pressure_low``.
+speculation off for everyone above ``pressure_high`` and back on once below ``pressure_low`` for
+``pressure_reopen_s``.
 
 The decision is per round, not per sequence: a verify is as wide as its longest draft, so one row at k
 makes the whole batch pay for k. The round's k maximises the batch's expected tokens (each row with its own
@@ -26,6 +27,7 @@ each one pays for itself, see ``SpeculationPolicy.observe_round``) or ``adaptive
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 from raysd.config import PolicyConfig, SpeculationMode
@@ -115,17 +117,27 @@ class AcceptanceTracker:
 
 
 class PressureGate:
-    """Speculation on/off from load, with hysteresis so it does not flap."""
+    """Speculation on/off from load, with hysteresis so it does not flap: off when pressure exceeds ``high``;
+    back on when it is below ``low`` and no update saw it at ``low`` or above for ``reopen_s`` seconds
+    (``clock``). The hold is for dips, not for quiet: after an idle spell the first round reopens at once.
 
-    def __init__(self, high: float, low: float):
-        self.high, self.low = high, low
+    Why hold: under closed-loop load requests that finish together are replaced within a round, and the
+    round between sees the batch dip. Reopening there (served JSON at 32 users: batch 32 → 10 → 32) started
+    drafting for a single round that fed the draft every row's missed tokens first: 0.5 s, six plain rounds."""
+
+    def __init__(self, high: float, low: float, reopen_s: float = 0.0, clock=time.monotonic):
+        self.high, self.low, self.reopen_s, self.clock = high, low, reopen_s, clock
         self.speculation_on = True
+        self._busy_at = -math.inf  # when an update last saw pressure ≥ low
 
     def update(self, pressure: float) -> bool:
+        now = self.clock()
         if self.speculation_on and pressure > self.high:
             self.speculation_on = False
-        elif not self.speculation_on and pressure < self.low:
+        elif not self.speculation_on and pressure < self.low and now - self._busy_at >= self.reopen_s:
             self.speculation_on = True
+        if pressure >= self.low:
+            self._busy_at = now
         return self.speculation_on
 
 
@@ -142,7 +154,8 @@ class Decision:
 class SpeculationPolicy:
     """Per round: k and a reason for each sequence. Owns the tracker, cost model and gate."""
 
-    PROBE_BUDGET = 0.05  # share of throughput probes may cost while the policy holds k = 0
+    PROBE_BUDGET = 0.05  # a probe may cost this share of the ``probe_every`` rounds it serves (its length)
+    PROBE_SHARE = 0.02  # probes cost at most this share of throughput on average (their spacing)
     SWITCH_HORIZON = 8  # fewest rounds a start's catch-up is spread over (see ``switch_cost``)
     NEAR_FREE_BUDGET = 0.01  # share of throughput probes more often than ``probe_every`` may cost
     PROBE_CHAIN = 8  # most probes in a row while each pays for itself (see ``observe_round``)
@@ -151,7 +164,7 @@ class SpeculationPolicy:
         self.config = config
         self.acceptance = AcceptanceTracker(config.ema_decay)
         self.costs = CostModel(config.cost_decay)
-        self.gate = PressureGate(config.pressure_high, config.pressure_low)
+        self.gate = PressureGate(config.pressure_high, config.pressure_low, config.pressure_reopen_s)
         self.goodput = GoodputCheck()
         self.catchup = CatchUpCost()
         self._rounds_without_drafts: dict[str, int] = {}
@@ -282,30 +295,47 @@ class SpeculationPolicy:
 
         def due(segment: str) -> bool:
             idle_rounds = self._rounds_without_drafts.get(segment, 0)
-            if idle_rounds >= self.config.probe_every:
+            if segment not in behind:
+                return idle_rounds >= self.config.probe_every  # no row can draft: a probe would find none
+            alpha = self.acceptance.alpha(segment)
+            if idle_rounds >= self.probe_spacing(alpha, len(segments)):
                 return True
-            if not model_holds or segment not in behind:
+            if not model_holds:
                 return False
             if segment in self._probe_chain:
                 return True
             return idle_rounds > 0 and idle_rounds >= self.probe_interval(  # 0: drafting, nothing to price
-                self.acceptance.alpha(segment), len(segments), behind[segment])
+                alpha, len(segments), behind[segment])
         return {segment for segment in {segments[row] for row in eligible} if due(segment)}
+
+    def _probe_loss(self, alpha: float, num_seqs: int, catchup_tokens: int) -> float:
+        """What a probe costs over a plain round, in plain rounds at this batch: its round's fitted cost at
+        the probe's longest length and its row's draft catching up on ``catchup_tokens``, less the tokens it
+        should bring (one row at ``alpha``, every other row one)."""
+        k = self._longest_probe(num_seqs)
+        catchup = self.catchup.predict(catchup_tokens) / self.costs.round_seconds(0, num_seqs)
+        return self.costs.round_cost(k, num_seqs) + catchup - (num_seqs - 1 + expected_tokens(alpha, k)) / num_seqs
+
+    def probe_spacing(self, alpha: float, num_seqs: int) -> int:
+        """Rounds between probes of a segment held at k = 0: ``probe_every``, or more where one probe's round
+        would cost more than ``PROBE_SHARE`` of them (``_probe_loss`` without the catch-up: the row pays that
+        once before it can ever draft, and a probe only pays it sooner). At batch 16 one row's probe widens the
+        whole batch's verify: served prose paid 2–3 plain rounds a probe (100–140 ms against 40–45), one every
+        ~35 rounds, ~6% of throughput at k = 0 (sweep run 23: adaptive 0.85 of plain decoding at prose c = 16).
+        At batch 1 a probe near break-even about pays for itself and stays ``probe_every`` apart or sooner."""
+        loss = self._probe_loss(alpha, num_seqs, 0)
+        return max(self.config.probe_every, math.ceil(loss / self.PROBE_SHARE))
 
     def probe_interval(self, alpha: float, num_seqs: int, catchup_tokens: int = 0) -> int:
         """Rounds a segment held at k = 0 (acceptance ``alpha``) waits for its next probe at this batch:
-        ``probe_every``, or fewer where a probe is expected to cost little — its round's fitted cost at the
-        probe's longest length, and its row's draft catching up on ``catchup_tokens``, less the tokens it should
-        bring (one row at ``alpha``, every other row one), in plain rounds, kept within ``NEAR_FREE_BUDGET`` of
-        the rounds between probes.
+        ``probe_spacing``, or fewer where a probe is expected to cost little (``_probe_loss``, its row's catch-up
+        on ``catchup_tokens`` included), kept within ``NEAR_FREE_BUDGET`` of the rounds between probes.
 
         Near break-even a probe at batch 1 is a drafting round that about pays for itself, and there one more
         measurement is the likeliest to change the decision; far below it (prose, or any large batch, where
-        one row's drafts do not pay for the batch's wider verify) probes stay ``probe_every`` apart."""
-        k = self._longest_probe(num_seqs)
-        catchup = self.catchup.predict(catchup_tokens) / self.costs.round_seconds(0, num_seqs)
-        loss = self.costs.round_cost(k, num_seqs) + catchup - (num_seqs - 1 + expected_tokens(alpha, k)) / num_seqs
-        return max(1, min(self.config.probe_every, math.ceil(loss / self.NEAR_FREE_BUDGET)))
+        one row's drafts do not pay for the batch's wider verify) probes stay ``probe_spacing`` apart."""
+        loss = self._probe_loss(alpha, num_seqs, catchup_tokens)
+        return max(1, min(self.probe_spacing(alpha, num_seqs), math.ceil(loss / self.NEAR_FREE_BUDGET)))
 
     def _longest_probe(self, num_seqs: int) -> int:
         budget = 1.0 + self.PROBE_BUDGET * self.config.probe_every

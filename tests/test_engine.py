@@ -309,6 +309,7 @@ def test_every_round_teaches_the_cost_model_probes_included(tiny_pair, reference
     rounds are learned from (less the catch-up), else the cost of drafting is never re-measured."""
     prompts, expected = references
     engine = _engine(tiny_pair, "model", PolicyConfig(warmup_rounds=0, probe_every=3, min_gain=10.0), 4)
+    engine.policy.PROBE_SHARE = 1.0  # a probe every probe_every rounds however dear: this test is about what they teach
     sequences = [engine.add(p, SamplingParams(max_tokens=MAX_TOKENS)) for p in prompts[:4]]
     rounds, probes = 0, 0
     while engine.has_work:

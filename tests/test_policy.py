@@ -21,6 +21,14 @@ def _cheap_round_seconds(num_seqs: int, k: int) -> float:
     return 0.020 + 0.0002 * num_seqs + k * (0.003 + 0.0002 * num_seqs)
 
 
+def _accepted_of(k: int, alpha: float, rng: random.Random) -> int:
+    """Drafts of ``k`` the target accepts, each with probability ``alpha`` until the first rejection."""
+    accepted = 0
+    while accepted < k and rng.random() < alpha:
+        accepted += 1
+    return accepted
+
+
 def _simulate(policy: SpeculationPolicy, alpha: float, rounds: int, segment: str, rng: random.Random,
               num_seqs: int = 1) -> list[tuple[int, str]]:
     decisions = []
@@ -28,11 +36,8 @@ def _simulate(policy: SpeculationPolicy, alpha: float, rounds: int, segment: str
         decision = policy.decide([segment] * num_seqs, [False] * num_seqs, [16] * num_seqs, pressure=num_seqs)
         drafted, accepted = [], []
         for k in decision.ks:
-            n = 0
-            while n < k and rng.random() < alpha:
-                n += 1
             drafted.append(k)
-            accepted.append(n)
+            accepted.append(_accepted_of(k, alpha, rng))
         policy.observe_round([segment] * num_seqs, drafted, accepted)
         policy.costs.observe_round(num_seqs, max(drafted), _cheap_round_seconds(num_seqs, max(drafted)))
         decisions.append((decision.ks[0], decision.reasons[0]))
@@ -91,6 +96,7 @@ def test_a_probe_drafts_for_one_row_the_one_with_least_to_catch_up():
     first catch up on every token it missed — 32 rows' worth each probe cost ~15% of throughput at k = 0."""
     rng = random.Random(5)
     policy = SpeculationPolicy(PolicyConfig(warmup_rounds=2, probe_every=8, pressure_high=64, pressure_low=32))
+    policy.PROBE_SHARE = 1.0  # probes every probe_every rounds, however dear: this test is about which row
     _simulate(policy, 0.05, 60, "prose", rng, num_seqs=32)
     behind = [200 + 7 * row for row in range(32)]
     limits = [16] * 32
@@ -115,17 +121,57 @@ def test_pressure_gate_has_hysteresis_and_does_not_flap():
     assert flips == 2 and sum(a != b for a, b in zip(noisy_states, noisy_states[1:])) == 1
 
 
+class _Clock:
+    """A clock the test moves (seconds)."""
+
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_pressure_turns_speculation_off_for_everyone_and_back_on():
     policy = SpeculationPolicy(PolicyConfig(mode=SpeculationMode.adaptive, warmup_rounds=0,
-                                            pressure_high=8, pressure_low=4))
+                                            pressure_high=8, pressure_low=4, pressure_reopen_s=0.5))
+    policy.gate.clock = clock = _Clock()
     for _ in range(30):
         policy.observe_round(["code"], [4], [4])
     assert policy.decide(["code"], [False], [16], pressure=2).ks == [policy.decide(["code"], [False], [16], 2).ks[0]]
     high = policy.decide(["code"] * 3, [False] * 3, [16] * 3, pressure=9)
     assert high.ks == [0, 0, 0] and set(high.reasons) == {"pressure"} and not high.speculation_on
+    clock.now += 2.0
     assert policy.decide(["code"], [False], [16], pressure=6).reasons == ["pressure"]  # still above low
+    clock.now += 0.1
+    assert policy.decide(["code"], [False], [16], pressure=3).reasons == ["pressure"]  # below, 0.1 s only
+    clock.now += 0.5
     back = policy.decide(["code"], [False], [16], pressure=3)
     assert back.ks[0] > 0 and back.reasons == ["adaptive"]
+
+
+def test_a_one_round_dip_in_load_does_not_restart_drafting_and_quiet_does():
+    """Closed-loop load at 32 users: requests that finish together are replaced within a round, and the round
+    between sees the batch dip below ``pressure_low`` (served JSON: 32 → 10 → 32). Reopening there drafted for
+    one round after hundreds of plain ones, the draft catching up on every row first (0.5 s, ~6 plain rounds
+    at batch 32); held for ``pressure_reopen_s``, dips do nothing, a load that stays low reopens the gate, and
+    after an idle spell so does the first round."""
+    instant, held = (PressureGate(high=28, low=16, reopen_s=reopen, clock=_Clock()) for reopen in (0.0, 0.5))
+    states = {"instant": [], "held": []}
+    for round_index in range(300):  # rounds of 80 ms; every 60th round the batch dips to 10 for that round
+        pressure = 10 if round_index % 60 == 59 else 32
+        for name, gate in (("instant", instant), ("held", held)):
+            gate.clock.now += 0.08
+            states[name].append(gate.update(pressure))
+    assert states["instant"][1:].count(True) == 5 and states["held"][1:].count(True) == 0
+    load_falls = []
+    for _ in range(10):  # the load falls for good (after the last round's dip): 0.5 s of it reopens the gate
+        held.clock.now += 0.08
+        load_falls.append(held.update(10))
+    assert load_falls == [False] * 5 + [True] * 5
+    quiet = PressureGate(high=28, low=16, reopen_s=0.5, clock=_Clock())
+    quiet.update(32)
+    quiet.clock.now += 30.0  # idle: no rounds, then one request
+    assert quiet.update(1)
 
 
 def _round_seconds(num_seqs: int, k: int) -> float:
@@ -417,12 +463,41 @@ def _served_costs_policy(**config) -> SpeculationPolicy:
 
 def test_probes_come_sooner_near_break_even_at_batch_1_and_stay_spaced_elsewhere():
     """A probe that about pays for itself costs nothing to run early, and near break-even it is the likeliest
-    to change the decision; one far below it, or one row's drafts at batch 16, waits ``probe_every``."""
+    to change the decision; one far below it, or one row's drafts at batch 16, waits ``probe_spacing``
+    (``probe_every`` or more)."""
     policy = _served_costs_policy(probe_every=32)
     near, far = 0.68, 0.3
     assert policy.probe_interval(near, 1) <= 4
-    assert policy.probe_interval(far, 1) == 32
-    assert policy.probe_interval(near, 16) == 32 and policy.probe_interval(0.95, 16) == 32
+    assert policy.probe_interval(far, 1) == policy.probe_spacing(far, 1) > 32
+    for alpha in (near, 0.95):
+        assert policy.probe_interval(alpha, 16) == policy.probe_spacing(alpha, 16) > 32
+
+
+def test_probes_of_a_big_batch_held_at_k_0_cost_at_most_their_share_of_throughput():
+    """At batch 16 one row's probe widens the whole batch's verify (served prose: 2–3 plain rounds a probe, one
+    every ~35 rounds, adaptive 0.85 of plain decoding in sweep run 23). Spaced by their fitted cost, probes
+    cost ≤ ``PROBE_SHARE`` of the rounds; at batch 1 near break-even they stay ``probe_every`` apart or
+    sooner."""
+    policy = _served_costs_policy(warmup_rounds=0, probe_every=32)
+    for num_seqs in (16, 32):
+        k = policy._longest_probe(num_seqs)
+        spacing = policy.probe_spacing(0.45, num_seqs)
+        assert spacing > 32 and (policy.costs.round_cost(k, num_seqs) - 1) / spacing <= policy.PROBE_SHARE + 0.001
+    assert policy.probe_spacing(0.68, 1) == 32 and policy.probe_interval(0.68, 1) <= 4
+    for share, most in ((1.0, 0.07), (policy.PROBE_SHARE, 0.025)):  # 1.0: every probe_every rounds, as before
+        held = _served_costs_policy(warmup_rounds=0, probe_every=32)
+        held.PROBE_SHARE = share
+        rng, extra, probes = random.Random(3), 0.0, 0
+        for _ in range(640):  # prose at batch 16, drafts accepted at 45%: held at k = 0 but for its probes
+            decision = held.decide(["prose"] * 16, [False] * 16, [40] * 16, pressure=16, catchup_tokens=[30] * 16)
+            accepted = [_accepted_of(k, 0.45, rng) for k in decision.ks]
+            held.observe_round(["prose"] * 16, decision.ks, accepted, decision.reasons)
+            seconds = _served_round_seconds(16, max(decision.ks))
+            held.costs.observe_round(16, max(decision.ks), seconds)
+            extra += seconds / _served_round_seconds(16, 0) - 1
+            probes += "probe" in decision.reasons
+            assert set(decision.reasons) <= {"low_acceptance", "probe"}
+        assert probes >= 640 / 80 and extra / 640 <= most, (share, probes, extra / 640)
 
 
 def test_a_probe_that_pays_is_run_again_the_next_round_and_a_rejection_ends_it():
@@ -437,8 +512,9 @@ def test_a_probe_that_pays_is_run_again_the_next_round_and_a_rejection_ends_it()
         policy.observe_round(["code"], [k], [k if accept_all else 0], decision.reasons)
         return decision.reasons[0]
 
-    reasons = [next_round(accept_all=False) for _ in range(40)]
-    assert reasons.count("probe") == 1 and set(reasons) == {"low_acceptance", "probe"}  # one per probe_every
+    spacing = policy.probe_spacing(policy.acceptance.alpha("code"), 1)
+    reasons = [next_round(accept_all=False) for _ in range(spacing + 8)]
+    assert reasons.count("probe") == 1 and set(reasons) == {"low_acceptance", "probe"}  # one per probe_spacing
     while next_round(accept_all=True) != "probe":
         pass
     chained = [next_round(accept_all=True) for _ in range(3)]
