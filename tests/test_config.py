@@ -31,3 +31,6 @@ def test_bad_config_fails_naming_the_field(tmp_path):
 def test_policy_hysteresis_bounds_are_checked():
     with pytest.raises(ValidationError, match="pressure_low"):
         PolicyConfig(pressure_high=10, pressure_low=20)
+    with pytest.raises(ValidationError, match="pressure_reopen_s"):
+        PolicyConfig(pressure_reopen_s=-0.5)
+    assert PolicyConfig(pressure_reopen_s=0).pressure_reopen_s == 0  # 0: reopen at the first round below low

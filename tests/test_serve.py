@@ -205,7 +205,7 @@ def test_admin_policy_switch_reaches_every_round_and_output_stays_identical(serv
                 assert body["speculation"]["num_rounds"] >= 40 / 3
         assert requests.get(url, timeout=30).json()["policy"]["k"] == 2
         for bad, param in (({"mode": "sideways"}, "mode"), ({"k": 99}, "k"), ({"pressure_low": 100}, None),
-                           ({"surprise": 1}, "surprise")):
+                           ({"pressure_reopen_s": -1}, "pressure_reopen_s"), ({"surprise": 1}, "surprise")):
             response = requests.put(url, json=bad, timeout=30)
             assert response.status_code == 400, (bad, response.text)
             error = response.json()["error"]
