@@ -119,7 +119,8 @@ class AcceptanceTracker:
 class PressureGate:
     """Speculation on/off from load, with hysteresis so it does not flap: off when pressure exceeds ``high``;
     back on when it is below ``low`` and no update saw it at ``low`` or above for ``reopen_s`` seconds
-    (``clock``). The hold is for dips, not for quiet: after an idle spell the first round reopens at once.
+    (``clock``). The hold is for dips, not for quiet: after an idle spell longer than ``reopen_s`` the first
+    round reopens it at once.
 
     Why hold: under closed-loop load requests that finish together are replaced within a round, and the
     round between sees the batch dip. Reopening there (served JSON at 32 users: batch 32 → 10 → 32) started
