@@ -162,8 +162,10 @@ def test_cluster_pressure_turns_speculation_off_and_back_on(server):
     monitor.report.remote("synthetic-load", 0.0).result()
     time.sleep(1.0)
     stats = _complete(server, prompt=PROMPTS[0], max_tokens=16).json()["speculation"]
-    # the gate is open again: the segment's own acceptance decides k now
-    assert stats["policy_reason"] in {"adaptive", "warmup", "probe", "low_acceptance"}, stats
+    # the gate is open again: the segment's acceptance and the measured costs decide k now (which way they go
+    # depends on this machine's timings; any of the model's own reasons, not the gate's)
+    assert stats["policy_reason"] in {"adaptive", "warmup", "probe", "low_acceptance", "measured_slower",
+                                      "measure_plain"}, stats
     health = requests.get(f"{server}/health", timeout=30).json()
     assert health["speculation_on"] and health["reason"] == "ok"
     assert health["policy"]["speculation_on"] and health["policy"]["cost"]["round_cost"]["0"] == 1.0
