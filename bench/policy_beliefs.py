@@ -22,7 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _window(url: str, workload: str, users: int, seconds: float, work: Path) -> dict:
-    from load_tests.sweep import run_locust, window_tokens
+    from load_tests.sweep import run_locust
+    from load_tests.sweep_results import window_tokens
 
     raw = run_locust(url, workload, users, seconds, 64, work)
     tokens, window_seconds = window_tokens(raw, seconds)

@@ -193,7 +193,7 @@ def test_fingerprint_tells_our_server_with_speculation_on_from_off(speculating_u
 def test_sweep_passes_merge_into_one_point_over_both_windows():
     """--passes 2 (ABBA) measures each point twice; the merged point is over both windows, not a mean of
     rates, and a figure no pass has (acceptance with speculation off) stays empty."""
-    from load_tests.sweep import COLUMNS, merge_passes
+    from load_tests.sweep_results import COLUMNS, merge_passes
 
     def row(policy, tokens, seconds, p50, acceptance):
         return {**dict.fromkeys(COLUMNS), "policy": policy, "workload": "json", "concurrency": 4, "requests": 10,
@@ -212,7 +212,7 @@ def test_round_reasons_sum_over_passes_and_read_as_shares_of_decoding_rounds():
     """A window's policy reasons (rounds per reason, from the responses) are summed when passes merge, and the
     summary reads them as shares of the decoding rounds: prefills never draft and are left out."""
     from load_tests import round_reasons
-    from load_tests.sweep import COLUMNS, merge_passes
+    from load_tests.sweep_results import COLUMNS, merge_passes
 
     def row(counts):
         return {**dict.fromkeys(COLUMNS), "policy": "adaptive", "workload": "prose", "concurrency": 1,
@@ -232,7 +232,7 @@ def test_round_reasons_sum_over_passes_and_read_as_shares_of_decoding_rounds():
 def test_throughput_is_counted_while_all_users_run_not_over_the_drain():
     """A window's tokens/s counts chunks that arrived in the first ``window_s`` seconds: the drain after Locust
     stops starting requests (concurrency falling to 0) is not throughput at c."""
-    from load_tests.sweep import summarise
+    from load_tests.sweep_results import summarise
 
     # two requests from t=100: one streams 10 chunks of 2 tokens over 100..105, the other 10 chunks of 1 token
     # over 100..110 (its second half arrives after a 5 s window)
@@ -354,7 +354,7 @@ def test_several_sweeps_pool_their_passes_without_mixing_them_up(tmp_path, capsy
 
 def test_the_summary_table_shows_each_ratio_with_its_interval():
     from load_tests.intervals import ratio_intervals
-    from load_tests.sweep import COLUMNS, markdown_summary, merge_passes, ratios
+    from load_tests.sweep_results import COLUMNS, markdown_summary, merge_passes, ratios
 
     pass_rows = [{**dict.fromkeys(COLUMNS), **row, "requests": 1, "failures": 0, "output_tokens": 1, "seconds": 12,
                   "window_tokens": float(row["window_tokens"]), "window_seconds": 12.0, "concurrency": 8}
