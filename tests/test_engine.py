@@ -71,7 +71,8 @@ def test_sequences_join_mid_batch_and_adaptive_policy(tiny_pair, references):
         reasons.update(engine.last_round.reasons)
     for index, (sequence, (expected, logits)) in enumerate(zip(sequences, refs)):
         assert_greedy_equal_or_tie(sequence.output_token_ids, expected, logits, f"joined prompt {index}")
-    assert "warmup" in reasons and reasons & {"adaptive", "low_acceptance", "probe"}
+    # after the warm-up the policy's own choice (which one depends on this machine's timings)
+    assert "warmup" in reasons and reasons & {"adaptive", "low_acceptance", "probe", "measured_slower", "measure_plain"}
 
 
 def test_opt_out_and_speculation_off_draft_nothing(tiny_pair, references):
