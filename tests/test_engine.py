@@ -285,9 +285,10 @@ def test_draft_timing_separates_catch_up_from_draft_steps(tiny_pair):
 
 class _ScriptedPolicy(SpeculationPolicy):
     """A fake policy (named as such): the adaptive policy's choices follow wall-clock costs, so which rounds
-    probe and which draft differs from machine to machine (CI once drafted every row every round, and no row
-    fell behind). This one runs the real ``decide`` for its bookkeeping, then overrides k from a fixed cycle of
-    six rounds: two plain, a probe for the first row only, one plain, two drafting for every row."""
+    probe and which draft differs from machine to machine (on CI's machine no row ever fell more than one token
+    behind, and the check below failed). This one runs the real ``decide`` for its bookkeeping, then overrides
+    k from a fixed cycle of six rounds: two plain, a probe for the first row only, one plain, two drafting for
+    every row."""
 
     CYCLE = (0, 0, "probe", 0, 3, 3)
 
