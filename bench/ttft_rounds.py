@@ -5,7 +5,8 @@ closed-loop Locust windows (off, on, off, on), switched through ``PUT /v1/admin/
 reads the router's round counters from ``/health`` (``round_timing``), so each window reports its TTFT next to
 its mean round time: TTFT / round says how many rounds a new request waits through before its first token.
 
-    python bench/ttft_rounds.py --concurrency 2,4,8 --out bench/results/checks_2026-12-08/ttft_rounds.json  # ~8 min
+    python bench/ttft_rounds.py --concurrency 1,2,4,8 --out bench/results/checks_2026-12-08/ttft_rounds.json
+    # ~5 min here: the recorded run, read in docs/benchmarks.md (Reading: where JSON's extra TTFT goes)
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     for window in windows:
         print(f"c={window['concurrency']} {window['policy']:3s} requests={window['requests']:3d} "
               f"round={window['mean_round_ms']:5.1f} ms  TTFT p50={window['ttft_p50_ms']:5.1f} ms "
-              f"= {window['ttft_p50_rounds']:.2f} rounds")
+              + (f"= {window['ttft_p50_rounds']:.2f} rounds" if window["ttft_p50_rounds"] else "(no rounds counted)"))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"workload": args.workload, "k": args.k, "duration_s": args.duration,
